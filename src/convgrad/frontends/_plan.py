@@ -1,0 +1,130 @@
+"""What every spec front-end shares: the plan of one call and the op registry.
+
+A front-end op is written once, as a *plan function*: it receives its tensor
+inputs as :class:`TensorSpec` (shape only) and its shape inputs and attributes
+by value, validates them, and returns a :class:`Plan` -- the canonical
+geometry, how each tensor maps to the canonical layout, and how the canonical
+result maps back.  :func:`spec_op` turns a plan function into
+
+- the public function (arrays in, array out), with the plan function's exact
+  signature and docstring;
+- an entry of :data:`OPS`, from which :func:`convgrad.op` builds objects with
+  ``infer_shape`` (no data) and ``__call__``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .. import ops
+from ..dtypes import as_array, common_dtype
+from ..errors import fail
+from ..geometry import ConvGeometry, MAX_DIM
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor known by its shape only (for shape inference without data)."""
+
+    shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, op: str, name: str, value) -> "TensorSpec":
+        if isinstance(value, TensorSpec):
+            return value
+        try:
+            shape = tuple(value)
+        except TypeError:
+            raise fail(op, f"shape of {name}", value, "must be a sequence of integers") from None
+        for v in shape:
+            if (isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer))
+                    or v < 0 or v > MAX_DIM):
+                raise fail(op, f"shape of {name}", list(shape),
+                           "must contain non-negative integers")
+        return cls(tuple(int(v) for v in shape))
+
+
+@dataclass
+class Plan:
+    """One validated call: canonical geometry plus the layout adapters.
+
+    ``roles`` maps each tensor input name to ``(role, to_canonical)``, role in
+    ``x``, ``w``, ``dy``, ``bias``; ``from_canonical`` maps the canonical result
+    (in the compute dtype) to the spec layout.
+    """
+
+    op: str
+    kind: str
+    geom: ConvGeometry
+    roles: dict[str, tuple[str, Callable]]
+    from_canonical: Callable
+    out_shape: tuple[int, ...]
+    allow_int: bool = False
+    notes: dict = field(default_factory=dict)
+
+    def run(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        dtype = common_dtype(self.op, arrays, allow_int=self.allow_int)
+        canon = {role: to_c(arrays[name]) for name, (role, to_c) in self.roles.items()
+                 if name in arrays}
+        a, b = {"fwd": ("x", "w"), "wgrad": ("x", "dy"), "dgrad": ("w", "dy")}[self.kind]
+        out = ops.compute(self.kind, canon[a], canon[b], self.geom, dtype)
+        if "bias" in canon:
+            bias = canon["bias"].astype(out.dtype)
+            out += bias.reshape((1, -1) + (1,) * self.geom.spatial_rank)
+        out = self.from_canonical(out)
+        assert out.shape == self.out_shape, (out.shape, self.out_shape)
+        if out.dtype == dtype:
+            return np.ascontiguousarray(out)
+        return out.astype(dtype, order="C")
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    dialect: str
+    plan: Callable
+    function: Callable
+    inputs: tuple[str, ...]          # positional inputs, in spec order
+    tensors: tuple[str, ...]         # which inputs are tensors (the rest are shapes)
+    shape_attrs: tuple[str, ...]     # shape inputs that may also be given as attributes
+
+    @property
+    def attributes(self) -> tuple[str, ...]:
+        params = inspect.signature(self.plan).parameters
+        return tuple(p for p in params if p not in self.inputs or p in self.shape_attrs)
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def spec_op(name: str, dialect: str, *, inputs: tuple[str, ...], tensors: tuple[str, ...],
+            shape_attrs: tuple[str, ...] = (), aliases: tuple[str, ...] = ()):
+    """Register a plan function as spec op ``name`` and return its public function."""
+
+    def deco(plan_fn: Callable) -> Callable:
+        sig = inspect.signature(plan_fn)
+
+        @functools.wraps(plan_fn)
+        def public(*args, **kwargs):
+            bound = sig.bind(*args, **kwargs)
+            arrays = {}
+            for t in tensors:
+                value = bound.arguments.get(t)
+                if value is not None:
+                    arrays[t] = as_array(name, t, value)
+                    bound.arguments[t] = TensorSpec(arrays[t].shape)
+            plan = plan_fn(*bound.args, **bound.kwargs)
+            return plan.run(arrays)
+
+        public.__signature__ = sig
+        entry = OpDef(name, dialect, plan_fn, public, inputs, tensors, shape_attrs)
+        for key in (f"{dialect}:{name}", *aliases):
+            OPS[key] = entry
+        return public
+
+    return deco
