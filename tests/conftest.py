@@ -1,0 +1,33 @@
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+from convgrad.dtypes import bfloat16
+
+# Tolerances for results computed in a dtype, compared with a float64 reference,
+# scaled by the reference's magnitude.
+TOL = {np.dtype(np.float64): 1e-10, np.dtype(np.float32): 2e-5,
+       np.dtype(np.float16): 4e-3, bfloat16: 3e-2}
+
+
+def assert_close(got, want, dtype=None, *, tol=None):
+    dtype = np.dtype(dtype if dtype is not None else got.dtype)
+    want = np.asarray(want, np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+    err = float(np.abs(np.asarray(got, np.float64) - want).max(initial=0.0))
+    assert err <= (tol if tol is not None else TOL[dtype]) * scale, (err, scale)
+
+
+@pytest.fixture
+def rng(request):
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def import_peer(name):
+    """Import a peer framework; skip without it, unless CONVGRAD_REQUIRE_PEERS=1 (CI)."""
+    if os.environ.get("CONVGRAD_REQUIRE_PEERS") == "1":
+        return __import__(name)
+    return pytest.importorskip(name)

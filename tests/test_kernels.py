@@ -1,0 +1,132 @@
+"""Every registered kernel against the independent naive reference (tests/naive.py)
+and against the package's float64 reference kernel, over a sweep of geometries."""
+
+import numpy as np
+import pytest
+
+import convgrad
+from convgrad import kernels
+from convgrad.dtypes import bfloat16
+from convgrad.geometry import make_geometry
+
+import naive
+from cases import arrays, attrs, case_id, random_case
+from conftest import assert_close
+
+CASES = [random_case(seed) for seed in range(60)]
+
+
+def geometry(case):
+    return make_geometry("test", **case)
+
+
+@pytest.mark.parametrize("algo", kernels.names())
+@pytest.mark.parametrize("case", CASES[:30], ids=case_id)
+def test_kernel_matches_naive(algo, case, rng):
+    x, w, dy = arrays(case, rng)
+    geom = geometry(case)
+    a = dict(strides=case["strides"], dilations=case["dilations"],
+             pads_begin=case["pads_begin"], groups=case["groups"])
+    for op, args, want in (
+            ("fwd", (x, w), naive.forward(x, w, case["out_sizes"], **a)),
+            ("wgrad", (x, dy), naive.wgrad(x, dy, case["kernel"], **a)),
+            ("dgrad", (w, dy), naive.dgrad(w, dy, case["in_sizes"], **a))):
+        kernel = kernels.select(op, geom, np.float64, algo)
+        assert_close(kernel.fn(*args, geom), want, np.float64)
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("workspace", [None, 1])
+def test_im2col_matches_reference_canonical_api(case, workspace, rng):
+    x, w, dy = arrays(case, rng, np.float32)
+    kw = attrs(case)
+    with convgrad.config(algo="reference"):
+        want = (convgrad.conv_forward(x, w, **kw), convgrad.conv_weight_grad(x, dy, w.shape, **kw),
+                convgrad.conv_data_grad(w, dy, x.shape, **kw))
+    with convgrad.config(algo="im2col", workspace_bytes=workspace):
+        got = (convgrad.conv_forward(x, w, **kw), convgrad.conv_weight_grad(x, dy, w.shape, **kw),
+               convgrad.conv_data_grad(w, dy, x.shape, **kw))
+    for g, r in zip(got, want):
+        assert g.dtype == np.float32
+        assert_close(g, r, np.float32)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16, bfloat16],
+                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", CASES[30:40], ids=case_id)
+def test_dtypes_keep_input_dtype_and_accuracy(dtype, case, rng):
+    x, w, dy = arrays(case, rng)
+    x, w, dy = (a.astype(dtype) for a in (x, w, dy))
+    kw = attrs(case)
+    a = dict(strides=case["strides"], dilations=case["dilations"],
+             pads_begin=case["pads_begin"], groups=case["groups"])
+    got = convgrad.conv_weight_grad(x, dy, w.shape, **kw)
+    assert got.dtype == np.dtype(dtype)
+    # half types accumulate in float32: compare with the exact result on the
+    # rounded inputs, allowing one final rounding to the dtype
+    assert_close(got, naive.wgrad(x.astype(np.float64), dy.astype(np.float64),
+                                  case["kernel"], **a), dtype)
+    got = convgrad.conv_data_grad(w, dy, x.shape, **kw)
+    assert got.dtype == np.dtype(dtype)
+    assert_close(got, naive.dgrad(w.astype(np.float64), dy.astype(np.float64),
+                                  case["in_sizes"], **a), dtype)
+
+
+def test_half_types_accumulate_in_float32():
+    # 4096 products of 1.0 * 1.0: a float16 accumulator would stop at 2048
+    x = np.ones((1, 1, 4096), np.float16)
+    dy = np.ones((1, 1, 4096), np.float16)
+    dw = convgrad.conv_weight_grad(x, dy, (1, 1, 1))
+    assert dw.dtype == np.float16 and float(dw[0, 0, 0]) == 4096.0
+
+
+@pytest.mark.parametrize("algo", kernels.names())
+def test_integers_are_exact(algo):
+    rng = np.random.default_rng(7)
+    case = random_case(3)
+    x, w, dy = (rng.integers(-50, 50, a.shape) for a in arrays(case, rng))
+    geom = geometry(case)
+    a = dict(strides=case["strides"], dilations=case["dilations"],
+             pads_begin=case["pads_begin"], groups=case["groups"])
+    got = kernels.select("dgrad", geom, np.int64, algo).fn(w, dy, geom)
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, naive.dgrad(w, dy, case["in_sizes"], **a).astype(np.int64))
+
+
+def test_empty_batch_gives_zero_weight_gradient():
+    x = np.zeros((0, 4, 5, 5), np.float32)
+    dy = np.zeros((0, 6, 3, 3), np.float32)
+    dw = convgrad.conv_weight_grad(x, dy, (6, 2, 3, 3), groups=2)
+    assert dw.shape == (6, 2, 3, 3) and not dw.any()
+    dx = convgrad.conv_data_grad(np.ones((6, 2, 3, 3), np.float32), dy, x.shape, groups=2)
+    assert dx.shape == x.shape
+
+
+def test_forced_unknown_algo_lists_valid_ones():
+    x = np.zeros((1, 1, 4), np.float32)
+    with convgrad.config(algo="winograd"):
+        with pytest.raises(convgrad.ConvGradError, match="'reference'"):
+            convgrad.conv_forward(x, np.zeros((1, 1, 3), np.float32))
+
+
+def test_workspace_chunking_bounds_the_column_buffer(monkeypatch):
+    # with a tiny budget the column buffer holds one sample and one tap at a time
+    from convgrad.kernels import im2col
+    seen = []
+    real = im2col._im2col
+
+    def spy(x, geom, taps):
+        col = real(x, geom, taps)
+        seen.append(col.nbytes)
+        return col
+
+    monkeypatch.setattr(im2col, "_im2col", spy)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 4, 10, 10)).astype(np.float32)
+    dy = rng.standard_normal((3, 5, 8, 8)).astype(np.float32)
+    want = convgrad.conv_weight_grad(x, dy, (5, 4, 3, 3))
+    seen.clear()
+    with convgrad.config(workspace_bytes=4 * 8 * 8 * 4):
+        got = convgrad.conv_weight_grad(x, dy, (5, 4, 3, 3))
+    assert max(seen) <= 4 * 8 * 8 * 4 and len(seen) == 3 * 9
+    assert_close(got, want, np.float32)
