@@ -1,0 +1,38 @@
+# Two entry points, both self-installing on a fresh machine:
+#   make demo   runs every spec page's example through convgrad and shows how it was checked
+#   make test   installs convgrad with its test extras and the peer frameworks, runs the tests
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: demo test test-fast install install-peers clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+$(VENV)/.peers: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e '.[test,peers]'
+	touch $@
+
+install: $(VENV)/.installed
+
+install-peers: $(VENV)/.peers
+
+demo: install
+	$(BIN)/python -m convgrad
+
+# The conformance tests compare with PyTorch, TensorFlow and OpenVINO: installed here.
+test: install-peers
+	$(BIN)/python -m pytest -q -n 2
+
+# Without the peer frameworks (their conformance modules are skipped).
+test-fast: install
+	$(BIN)/python -m pytest -q -n 2
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
