@@ -63,7 +63,7 @@ def _im2col(x: np.ndarray, geom: ConvGeometry, taps) -> np.ndarray:
 def _w_taps(w: np.ndarray, geom: ConvGeometry, taps) -> np.ndarray:
     """(O, C/G, *K) -> (G, O/G, C/G, T) restricted to the taps given."""
     G = geom.groups
-    wf = w.reshape(G, geom.o // G, geom.c // G, -1)
+    wf = w.reshape(G, geom.o // G, geom.c // G, math.prod(geom.kernel))
     idx = [i for i, _ in taps]
     return wf if len(idx) == wf.shape[-1] else wf[..., idx]
 
@@ -72,7 +72,7 @@ def _dy_block(dy: np.ndarray, geom: ConvGeometry, n0: int, n1: int) -> np.ndarra
     """dy[n0:n1] (nb, O, *M) -> contiguous (G, O/G, nb*M)."""
     G = geom.groups
     v = _gview(dy[n0:n1], G)
-    return np.ascontiguousarray(v).reshape(G, geom.o // G, -1)
+    return np.ascontiguousarray(v).reshape(G, geom.o // G, (n1 - n0) * math.prod(geom.out_sizes))
 
 
 def fwd(x, w, geom: ConvGeometry):
@@ -83,7 +83,7 @@ def fwd(x, w, geom: ConvGeometry):
         cg, t = col.shape[1], col.shape[2]
         wt = _w_taps(w, geom, taps).reshape(G, geom.o // G, cg * t)
         # (G, O/G, nb*M) = (G, O/G, C/G*T) @ (G, C/G*T, nb*M)
-        yb = np.matmul(wt, col.reshape(G, cg * t, -1))
+        yb = np.matmul(wt, col.reshape(G, cg * t, (n1 - n0) * math.prod(geom.out_sizes)))
         yv = _gview(y[n0:n1], G)
         yv += yb.reshape(yv.shape)
     return y
@@ -98,7 +98,7 @@ def wgrad(x, dy, geom: ConvGeometry):
         t = col.shape[2]
         # (G, O/G, C/G*T) = (G, O/G, nb*M) @ (G, nb*M, C/G*T)
         part = np.matmul(_dy_block(dy, geom, n0, n1),
-                         col.reshape(G, cg * t, -1).transpose(0, 2, 1))
+                         col.reshape(G, cg * t, (n1 - n0) * math.prod(geom.out_sizes)).transpose(0, 2, 1))
         dw[..., [i for i, _ in taps]] += part.reshape(G, og, cg, t)
     return dw.reshape(geom.w_shape)
 

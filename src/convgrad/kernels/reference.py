@@ -13,6 +13,7 @@ outside ``[0, L)``; ``g`` is the group, ``o``/``c`` per-group channels)::
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 
@@ -59,8 +60,8 @@ def wgrad(x, dy, geom: ConvGeometry):
     dwg = _grouped_w(dw, geom.groups)
     for tap, ps, qs in _views(geom):
         dys, xs = dyg[(...,) + ps], xg[(...,) + qs]
-        dwg[(...,) + tap] = np.einsum("ngop,ngcp->goc", dys.reshape(*dys.shape[:3], -1),
-                                      xs.reshape(*xs.shape[:3], -1))
+        dwg[(...,) + tap] = np.einsum("ngop,ngcp->goc", dys.reshape(*dys.shape[:3], math.prod(dys.shape[3:])),
+                                      xs.reshape(*xs.shape[:3], math.prod(xs.shape[3:])))
     return dw
 
 
