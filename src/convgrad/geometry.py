@@ -276,10 +276,10 @@ def openvino_backprop_pads(op: str, mode: str, in_sizes, kernel, strides, dilati
         if output_shape is None:
             b, e = (pads_begin[i], pads_end[i]) if mode == "explicit" else (0, 0)
             n = full - b - e + p
-            if n < 1:
+            if n < 0:
                 raise fail(op, f"spatial axis {i}", {"input size": in_sizes[i], "kernel": k,
                                                       "pads": [b, e]},
-                           f"output size s*(L-1)+Ke-pb-pe+op = {n} must be positive")
+                           f"output size s*(L-1)+Ke-pb-pe+op = {n} must not be negative")
         else:
             n = output_shape[i]
             if mode == "explicit":
