@@ -207,12 +207,26 @@ def test_group_backprop_is_the_canonical_data_gradient(case, rng):
         assert_close(ov.convolution(x, w, **kw), convgrad.conv_forward(x, w, **kw))
 
 
-def test_integer_overflow_wraps_like_c():
-    dy = np.full((1, 1, 2), 100, np.int8)
-    w = np.full((1, 1, 2), 2, np.int8)
+@pytest.mark.parametrize("dtype,want", [
+    (np.int8, [127, 127, 127]), (np.uint8, [200, 255, 200]), (np.int16, [200, 400, 200])])
+def test_integers_are_exact_and_saturate_like_the_runtime(dtype, want):
+    dy = np.full((1, 1, 2), 100, dtype)
+    w = np.full((1, 1, 2), 2, dtype)
     got = ov.convolution_backprop_data(dy, w, strides=[1], pads_begin=[0], pads_end=[0],
                                        dilations=[1])
-    np.testing.assert_array_equal(got.ravel(), np.array([200, 400, 200]).astype(np.int8))
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got.ravel(), want)
+    neg = ov.convolution_backprop_data(-dy.astype(np.int16), w.astype(np.int16) * 100,
+                                       strides=[1], pads_begin=[0], pads_end=[0], dilations=[1])
+    np.testing.assert_array_equal(neg.ravel(), [-20000, -32768, -20000])
+
+
+def test_int32_beyond_float32_precision_is_exact():
+    dy = np.array([[[2**24, 1]]], np.int32)
+    w = np.array([[[1, 1]]], np.int32)
+    got = ov.convolution_backprop_data(dy, w, strides=[1], pads_begin=[0], pads_end=[0],
+                                       dilations=[1])
+    np.testing.assert_array_equal(got.ravel(), [2**24, 2**24 + 1, 1])
 
 
 def test_zero_output_size_is_an_empty_result():
@@ -241,6 +255,8 @@ def test_zero_output_size_is_an_empty_result():
                                           strides=[1], auto_pad="same"), "auto_pad"),
     (lambda: ov.convolution(np.ones((1, 2, 4)), np.ones((2, 3, 3)), strides=[1]),
      "data channels"),
+    (lambda: ov.convolution_backprop_data(np.ones((1, 2, 0)), np.ones((2, 1, 3)),
+                                          strides=[1]), "spatial shape of data"),
 ])
 def test_errors(call, match):
     with pytest.raises(ConvGradError, match=match):

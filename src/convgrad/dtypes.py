@@ -2,8 +2,9 @@
 
 - float64 computes in float64; float32, float16 and bfloat16 compute (and
   accumulate) in float32 and are rounded once to the input dtype at the end.
-- Integer dtypes (OpenVINO dialect only) compute exactly in int64 and are
-  cast back to the input dtype with C wrap-around on overflow.
+- Integer dtypes (OpenVINO dialect only) compute exactly in int64; results
+  outside the input dtype's range saturate to it (as the OpenVINO CPU runtime
+  does), then are cast back.
 - All tensors of one call must share one dtype: mixed dtypes are a TypeError.
 """
 

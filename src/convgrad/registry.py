@@ -74,7 +74,7 @@ class SpecOp:
         return self.entry.function(**self._bind(inputs))
 
 
-def op(name: str, **attrs) -> SpecOp:
+def op(name: str, /, **attrs) -> SpecOp:
     """The op called ``name`` in its spec, with attributes ``attrs``.
 
     Raises ConvGradError for an unknown op or attribute name, listing the

@@ -78,9 +78,18 @@ class Plan:
             out += bias.reshape((1, -1) + (1,) * self.geom.spatial_rank)
         out = self.from_canonical(out)
         assert out.shape == self.out_shape, (out.shape, self.out_shape)
+        if dtype.kind in "iu":
+            out = _saturate(out, dtype)
         if out.dtype == dtype:
             return np.ascontiguousarray(out)
         return out.astype(dtype, order="C")
+
+
+def _saturate(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Clamp an exact int64 result to ``dtype``'s range (as OpenVINO's CPU runtime
+    does on overflow) before the cast back."""
+    info, wide = np.iinfo(dtype), np.iinfo(np.int64)
+    return np.clip(a, max(info.min, wide.min), min(info.max, wide.max))
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,15 @@ def spec_op(name: str, dialect: str, *, inputs: tuple[str, ...], tensors: tuple[
 
     def deco(plan_fn: Callable) -> Callable:
         sig = inspect.signature(plan_fn)
+        required = [t for t in tensors if sig.parameters[t].default is inspect.Parameter.empty]
+
+        @functools.wraps(plan_fn)
+        def plan(*args, **kwargs) -> Plan:
+            bound = sig.bind(*args, **kwargs)
+            for t in required:
+                if bound.arguments.get(t) is None:
+                    raise fail(name, f"input {t!r}", None, "is required")
+            return plan_fn(*bound.args, **bound.kwargs)
 
         @functools.wraps(plan_fn)
         def public(*args, **kwargs):
@@ -118,11 +136,10 @@ def spec_op(name: str, dialect: str, *, inputs: tuple[str, ...], tensors: tuple[
                 if value is not None:
                     arrays[t] = as_array(name, t, value)
                     bound.arguments[t] = TensorSpec(arrays[t].shape)
-            plan = plan_fn(*bound.args, **bound.kwargs)
-            return plan.run(arrays)
+            return plan(*bound.args, **bound.kwargs).run(arrays)
 
-        public.__signature__ = sig
-        entry = OpDef(name, dialect, plan_fn, public, inputs, tensors, shape_attrs)
+        public.__signature__ = plan.__signature__ = sig
+        entry = OpDef(name, dialect, plan, public, inputs, tensors, shape_attrs)
         for key in (f"{dialect}:{name}", *aliases):
             OPS[key] = entry
         return public

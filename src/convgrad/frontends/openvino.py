@@ -10,7 +10,8 @@ The backprop ops follow the OpenVINO runtime (docs/decisions.md D6): without
 ``output_shape``, same_* pads are zero; with it, same_upper puts the odd pad
 at the *beginning* and output_padding counts in the total; output_padding may
 be any non-negative value (positions past the full transposed extent are 0).
-Integer dtypes are computed exactly (int64) and wrap like C on the cast back.
+Integer dtypes are computed exactly (int64) and saturate to the dtype's range
+(the CPU runtime computes in f32 and saturates; it loses precision past 2**24).
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def _backprop(op, data, filter, output_shape, strides, pads_begin, pads_end, dil
     # The op is the data gradient of the forward conv whose output is `data`:
     # canonical dy = data (N, G*C_IN, L); canonical w (G*C_IN, C_OUT, K); result x.
     n, c_in, in_sizes = data_shape(op, "data", data, NCX)
+    if any(v < 1 for v in in_sizes):
+        raise fail(op, "spatial shape of data", list(in_sizes), "must be positive")
     rank = len(data.shape)
     wl, groups, o, cg, kernel = _kernel(op, filter, rank, grouped)
     check_equal(op, "data channels", c_in, o,

@@ -52,18 +52,28 @@ def _per_dim(op, name, value, rank, dl, default=1):
     return int_tuple(op, name, value, rank - 2, minimum=1)
 
 
+def _given(value) -> bool:
+    """True unless ``value`` is None or an empty sequence (TF's default ``[]``)."""
+    if value is None:
+        return False
+    try:
+        return len(value) > 0
+    except TypeError:
+        return True
+
+
 def _padding(op, padding, explicit_paddings, rank, dl):
     """(mode, pads_begin, pads_end) from TF's padding arguments."""
     pairs = None
     if isinstance(padding, str):
         mode = padding.upper()
         if mode == "SAME":
-            if explicit_paddings:
+            if _given(explicit_paddings):
                 raise fail(op, "explicit_paddings", explicit_paddings,
                            "must be empty unless padding is 'EXPLICIT'")
             return "same_upper", None, None
         if mode == "VALID":
-            if explicit_paddings:
+            if _given(explicit_paddings):
                 raise fail(op, "explicit_paddings", explicit_paddings,
                            "must be empty unless padding is 'EXPLICIT'")
             return "valid", None, None
@@ -79,7 +89,7 @@ def _padding(op, padding, explicit_paddings, rank, dl):
         except TypeError:
             raise fail(op, "padding", padding, "must be 'SAME', 'VALID', 'EXPLICIT' or a "
                                                "list of [before, after] pairs") from None
-        if explicit_paddings:
+        if _given(explicit_paddings):
             raise fail(op, "explicit_paddings", explicit_paddings,
                        "must be empty when padding is a list of pairs")
         for p in pairs:
