@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test test-fast install install-peers clean
+.PHONY: demo test test-fast fuzz install install-peers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ test: install-peers
 # Without the peer frameworks (their conformance modules are skipped).
 test-fast: install
 	$(BIN)/python -m pytest -q -n 2
+
+# Long property-based robustness run (not part of make test).
+fuzz: install
+	CONVGRAD_FUZZ_EXAMPLES=$${CONVGRAD_FUZZ_EXAMPLES:-3000} $(BIN)/python -m pytest -q -n 2 tests/test_robustness.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
