@@ -230,3 +230,28 @@ def test_inputs_are_not_modified_and_outputs_are_new():
     np.testing.assert_array_equal(src, before[0])
     np.testing.assert_array_equal(dst, before[1])
     assert dw.flags.c_contiguous and dw.flags.writeable and dw.flags.owndata
+
+
+def test_benchdnn_graph_cases():
+    # oneDNN's benchdnn graph inputs: conv_bwd_w_2d / conv_bwd_d_2d (NCX, OIX) and
+    # deconv_bwd_w / deconv_bwd_d (IOX weights [32, 128, 3, 3], stride 2, pads_end 41:
+    # a ConvTranspose from 28x28 down to 16x16, 2*27 + 3 - 41 = 16).
+    rng = np.random.default_rng(9)
+    ncx = dict(data_format="NCX", dilations=[1, 1], pads_begin=[0, 0])
+    src = rng.standard_normal((1, 32, 28, 28)).astype(np.float32)
+    dd = rng.standard_normal((1, 128, 14, 14)).astype(np.float32)
+    dw = onednn.convolution_backward_weights(src, dd, [128, 32, 1, 1], strides=[2, 2],
+                                             pads_end=[0, 0], weights_format="OIX", **ncx)
+    assert_close(dw, convgrad.conv_weight_grad(src, dd, (128, 32, 1, 1), strides=[2, 2]),
+                 np.float32)
+    dx = onednn.convolution_backward_data(dd, dw, [1, 32, 28, 28], strides=[2, 2],
+                                          pads_end=[0, 0], weights_format="OIX", **ncx)
+    assert dx.shape == (1, 32, 28, 28)
+    u = rng.standard_normal((1, 32, 28, 28)).astype(np.float32)
+    v = rng.standard_normal((1, 128, 16, 16)).astype(np.float32)
+    t = dict(strides=[2, 2], pads_end=[41, 41], weights_format="IOX", **ncx)
+    dw = onednn.conv_transpose_backward_weights(u, v, [32, 128, 3, 3], **t)
+    assert_close(dw, convgrad.conv_weight_grad(v, u, (32, 128, 3, 3), strides=[2, 2],
+                                               pads_end=[41, 41]), np.float32)
+    assert onednn.conv_transpose(u, dw, **t).shape == (1, 128, 16, 16)
+    assert onednn.conv_transpose_backward_data(v, dw, **t).shape == (1, 32, 28, 28)

@@ -179,3 +179,25 @@ def test_errors(kwargs, match):
     with pytest.raises(ConvGradError, match=match) as err:
         tf.conv2d_backprop_filter(**args)
     assert str(err.value).startswith("Conv2DBackpropFilter: ")
+
+
+@pytest.mark.parametrize("pads", [[[0, 0], [0, 0]], [[1, 1], [1, 1]], [[2, 2], [2, 2]],
+                                  [[1, 8], [4, 2]], [[5, 0], [2, 2]]], ids=str)
+def test_explicit_padding_equals_valid_on_the_padded_input(pads):
+    # TensorFlow's _RunAndVerifyBackpropFilterExplicitPadding: expected values come from
+    # padding the input explicitly and running the VALID op.
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 5, 6, 3))
+    xp = np.pad(x, [[0, 0], *pads, [0, 0]])
+    m = [(xp.shape[1] - 3) // 2 + 1, (xp.shape[2] - 2) // 1 + 1]
+    dy = rng.standard_normal((2, *m, 4))
+    explicit = [0, 0, *pads[0], *pads[1], 0, 0]
+    got = tf.conv2d_backprop_filter(x, [3, 2, 3, 4], dy, [1, 2, 1, 1], "EXPLICIT",
+                                    explicit_paddings=explicit)
+    want = tf.conv2d_backprop_filter(xp, [3, 2, 3, 4], dy, [1, 2, 1, 1], "VALID")
+    assert_close(got, want)
+    w = rng.standard_normal((3, 2, 3, 4))
+    got = tf.conv2d_backprop_input(x.shape, w, dy, [1, 2, 1, 1], "EXPLICIT",
+                                   explicit_paddings=explicit)
+    want = tf.conv2d_backprop_input(xp.shape, w, dy, [1, 2, 1, 1], "VALID")
+    assert_close(got, want[:, pads[0][0]:pads[0][0] + 5, pads[1][0]:pads[1][0] + 6])

@@ -16,6 +16,8 @@ of the filter's in-depth) and explicit padding in every op.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import fail
 from ..geometry import (check_sizes_match, conv_out_sizes, int_tuple, make_geometry,
                         resolve_pads, shape_input)
@@ -41,6 +43,8 @@ def _per_dim(op, name, value, rank, dl, default=1):
     """strides/dilations: int, spatial list, or full list (batch/channel = 1)."""
     if value is None:
         return (default,) * (rank - 2)
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = value.tolist()
     if isinstance(value, (list, tuple)) and len(value) == rank:
         vals = int_tuple(op, name, value, rank, minimum=1)
         canon = dl.canonical_shape(vals)
