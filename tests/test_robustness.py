@@ -93,7 +93,7 @@ def test_bad_attributes_and_inputs_raise_only_convgrad_or_type_errors(name, attr
         else:
             attrs[data.draw(st.sampled_from(["group", "padding_mode", "weights_shape"]))] = 1
     try:
-        op = convgrad.op(name, **attrs)
+        convgrad.op(name, **attrs)
     except ConvGradError as e:
         assert "attribute" in str(e)
         return

@@ -245,10 +245,18 @@ def check_output_padding(op: str, output_padding, strides, dilations, *, strict:
                        f"axis {i}: must be smaller than max(stride, dilation) = {max(s, d)}")
 
 
-def check_sizes_match(op: str, name: str, got, expected, how: str) -> None:
+def check_conv_output(op: str, name: str, got, what: str, in_sizes, kernel, strides,
+                      dilations, pads_begin, pads_end, note: str = "") -> None:
+    """``name``'s spatial shape must be exactly the forward output size of ``what``
+    (TensorFlow's check): ``floor((L + pb + pe - Ke) / s) + 1`` per axis."""
+    expected = conv_out_sizes(op, in_sizes, kernel, strides, dilations, pads_begin, pads_end,
+                              what=what)
     if tuple(got) != tuple(expected):
         raise fail(op, f"spatial shape of {name}", list(got),
-                   f"must equal {list(expected)}, {how}")
+                   f"must equal {list(expected)}, the convolution output size of {what} "
+                   f"{list(in_sizes)} with kernel {list(kernel)}, strides {list(strides)}, "
+                   f"dilations {list(dilations)}, pads {list(pads_begin)}/{list(pads_end)}"
+                   + note)
 
 
 def openvino_backprop_pads(op: str, mode: str, in_sizes, kernel, strides, dilations,

@@ -83,7 +83,8 @@ def op(name: str, /, **attrs) -> SpecOp:
     table = _public_names()
     entry = table.get(name) if isinstance(name, str) else None
     if entry is None:
-        raise fail("convgrad.op", "name", name, f"unknown op; valid names: {', '.join(sorted(table))}")
+        raise fail("convgrad.op", "name", name,
+                   f"unknown op; valid names: {', '.join(sorted(table))}")
     valid = entry.attributes
     for key in attrs:
         if key not in valid:

@@ -6,7 +6,7 @@ and the same compute entry point (``ops.compute``) as these functions.
 
 from __future__ import annotations
 
-from ..geometry import (check_sizes_match, conv_out_sizes, make_geometry, positive_int,
+from ..geometry import (check_conv_output, conv_out_sizes, make_geometry, positive_int,
                         shape_input, transposed_sizes)
 from ..layouts import NCX, OIX
 from ._common import check_equal, conv_attrs, data_shape, make_plan, same_rank, weights_dims
@@ -22,12 +22,8 @@ def _attrs(op, rank, strides, pads_begin, pads_end, dilations, output_padding=No
 
 
 def _check_out(op, name, got, in_sizes, kernel, a):
-    expected = conv_out_sizes(op, in_sizes, kernel, a.strides, a.dilations, a.pads_begin,
-                              a.pads_end)
-    check_sizes_match(op, name, got, expected,
-                      f"the convolution output size of input {list(in_sizes)} with kernel "
-                      f"{list(kernel)}, strides {list(a.strides)}, dilations "
-                      f"{list(a.dilations)}, pads {list(a.pads_begin)}/{list(a.pads_end)}")
+    check_conv_output(op, name, got, "input", in_sizes, kernel, a.strides, a.dilations,
+                      a.pads_begin, a.pads_end)
 
 
 @spec_op("conv_weight_grad", DIALECT, inputs=("x", "dy", "kernel_shape"), tensors=("x", "dy"))

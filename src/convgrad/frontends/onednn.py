@@ -17,7 +17,7 @@ output_padding must be in ``[0, max(stride, dilation))``.
 
 from __future__ import annotations
 
-from ..geometry import (check_sizes_match, conv_out_sizes, make_geometry, parse_choice,
+from ..geometry import (check_conv_output, conv_out_sizes, make_geometry, parse_choice,
                         positive_int, resolve_pads, shape_input, transposed_sizes)
 from ..layouts import CONV_WEIGHTS, CONVT_WEIGHTS, NCX, NXC
 from ._common import (check_bias, check_equal, conv_attrs, data_shape, make_plan,
@@ -64,12 +64,8 @@ def _conv_wgrad(op, x_name, x, dy_name, dy, shape_name, shape, *, strides, pads_
                                  c_what="input channels per group")
     pb, pe = resolve_pads(op, a.mode, in_sizes, kernel, a.strides, a.dilations,
                           a.pads_begin, a.pads_end)
-    expected = conv_out_sizes(op, in_sizes, kernel, a.strides, a.dilations, pb, pe,
-                              what=x_name)
-    check_sizes_match(op, dy_name, out_sizes, expected,
-                      f"the convolution output size of {x_name} {list(in_sizes)} with kernel "
-                      f"{list(kernel)}, strides {list(a.strides)}, dilations "
-                      f"{list(a.dilations)}, pads {list(pb)}/{list(pe)}")
+    check_conv_output(op, dy_name, out_sizes, x_name, in_sizes, kernel, a.strides,
+                      a.dilations, pb, pe)
     geom = make_geometry(op, n=n, c=c, o=o, groups=groups, in_sizes=in_sizes, kernel=kernel,
                          out_sizes=out_sizes, strides=a.strides, dilations=a.dilations,
                          pads_begin=pb, pads_end=pe,
@@ -103,13 +99,9 @@ def _convt_wgrad(op, src_name, src, dd_name, dd, shape_name, shape, *, strides, 
                                  c=o_ch // groups, o_what="input channels (I)",
                                  c_what="output channels per group (O/G)")
     pb, pe, pe_conv = _convt_pads(op, a, kernel)
-    expected = conv_out_sizes(op, big, kernel, a.strides, a.dilations, pb, pe_conv,
-                              what=dd_name)
-    check_sizes_match(op, src_name, small, expected,
-                      f"the ConvTranspose input size that gives {dd_name} {list(big)} with "
-                      f"kernel {list(kernel)}, strides {list(a.strides)}, dilations "
-                      f"{list(a.dilations)}, pads {list(pb)}/{list(pe)}, output_padding "
-                      f"{list(a.output_padding)}")
+    check_conv_output(op, src_name, small, dd_name, big, kernel, a.strides, a.dilations,
+                      pb, pe_conv, note=f" (pads_end {list(pe)} minus output_padding "
+                                        f"{list(a.output_padding)})")
     geom = make_geometry(op, n=n, c=o_ch, o=i_ch, groups=groups, in_sizes=big, kernel=kernel,
                          out_sizes=small, strides=a.strides, dilations=a.dilations,
                          pads_begin=pb, pads_end=pe_conv,
@@ -234,12 +226,8 @@ def convolution_backward_data(diff_dst, weights, dst_shape=None, *, strides, pad
             in_sizes = dims
         pb, pe_conv = resolve_pads(op, a.mode, in_sizes, kernel, a.strides, a.dilations,
                                    a.pads_begin, a.pads_end)
-        expected = conv_out_sizes(op, in_sizes, kernel, a.strides, a.dilations, pb, pe_conv,
-                                  what="dst_shape")
-        check_sizes_match(op, "diff_dst", out_sizes, expected,
-                          f"the convolution output size of dst_shape {list(in_sizes)} with "
-                          f"kernel {list(kernel)}, strides {list(a.strides)}, dilations "
-                          f"{list(a.dilations)}, pads {list(pb)}/{list(pe_conv)}")
+        check_conv_output(op, "diff_dst", out_sizes, "dst_shape", in_sizes, kernel,
+                          a.strides, a.dilations, pb, pe_conv)
     geom = make_geometry(op, n=n, c=c, o=o, groups=groups, in_sizes=in_sizes, kernel=kernel,
                          out_sizes=out_sizes, strides=a.strides, dilations=a.dilations,
                          pads_begin=pb, pads_end=pe_conv)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import fail
-from ..geometry import (check_sizes_match, conv_out_sizes, int_tuple, make_geometry,
+from ..geometry import (check_conv_output, int_tuple, make_geometry,
                         resolve_pads, shape_input)
 from ..layouts import NCX, NXC, TF_DEPTHWISE_WEIGHTS, TF_WEIGHTS
 from ._common import ConvAttrs, check_equal, data_shape, make_plan, same_rank, weights_dims
@@ -156,12 +156,8 @@ def _wgrad(op, input, filter_sizes, out_backprop, strides, padding, data_format,
         groups = 1
     pb, pe = resolve_pads(op, a.mode, in_sizes, kernel, a.strides, a.dilations,
                           a.pads_begin, a.pads_end)
-    expected = conv_out_sizes(op, in_sizes, kernel, a.strides, a.dilations, pb, pe,
-                              what="input")
-    check_sizes_match(op, "out_backprop", out_sizes, expected,
-                      f"the output size computed from input {list(in_sizes)}, filter "
-                      f"{list(kernel)}, strides {list(a.strides)}, dilations "
-                      f"{list(a.dilations)}, pads {list(pb)}/{list(pe)}")
+    check_conv_output(op, "out_backprop", out_sizes, "input", in_sizes, kernel, a.strides,
+                      a.dilations, pb, pe)
     geom = make_geometry(op, n=n, c=c, o=o, groups=groups, in_sizes=in_sizes, kernel=kernel,
                          out_sizes=out_sizes, strides=a.strides, dilations=a.dilations,
                          pads_begin=pb, pads_end=pe,
@@ -198,12 +194,8 @@ def _dgrad(op, sizes_name, input_sizes, filter_name, filter, out_backprop, strid
         groups = c // cg
     pb, pe = resolve_pads(op, a.mode, in_sizes, kernel, a.strides, a.dilations,
                           a.pads_begin, a.pads_end)
-    expected = conv_out_sizes(op, in_sizes, kernel, a.strides, a.dilations, pb, pe,
-                              what=sizes_name)
-    check_sizes_match(op, dy_name, out_sizes, expected,
-                      f"the output size computed from {sizes_name} {list(in_sizes)}, filter "
-                      f"{list(kernel)}, strides {list(a.strides)}, dilations "
-                      f"{list(a.dilations)}, pads {list(pb)}/{list(pe)}")
+    check_conv_output(op, dy_name, out_sizes, sizes_name, in_sizes, kernel, a.strides,
+                      a.dilations, pb, pe)
     geom = make_geometry(op, n=n, c=c, o=o, groups=groups, in_sizes=in_sizes, kernel=kernel,
                          out_sizes=out_sizes, strides=a.strides, dilations=a.dilations,
                          pads_begin=pb, pads_end=pe,

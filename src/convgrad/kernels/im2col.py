@@ -60,6 +60,12 @@ def _im2col(x: np.ndarray, geom: ConvGeometry, taps) -> np.ndarray:
     return col
 
 
+def _col_matrix(col: np.ndarray) -> np.ndarray:
+    """col[G, C/G, T, nb, *M] -> (G, C/G*T, nb*M)."""
+    g, cg, t, nb = col.shape[:4]
+    return col.reshape(g, cg * t, nb * math.prod(col.shape[4:]))
+
+
 def _w_taps(w: np.ndarray, geom: ConvGeometry, taps) -> np.ndarray:
     """(O, C/G, *K) -> (G, O/G, C/G, T) restricted to the taps given."""
     G = geom.groups
@@ -83,7 +89,7 @@ def fwd(x, w, geom: ConvGeometry):
         cg, t = col.shape[1], col.shape[2]
         wt = _w_taps(w, geom, taps).reshape(G, geom.o // G, cg * t)
         # (G, O/G, nb*M) = (G, O/G, C/G*T) @ (G, C/G*T, nb*M)
-        yb = np.matmul(wt, col.reshape(G, cg * t, (n1 - n0) * math.prod(geom.out_sizes)))
+        yb = np.matmul(wt, _col_matrix(col))
         yv = _gview(y[n0:n1], G)
         yv += yb.reshape(yv.shape)
     return y
@@ -98,7 +104,7 @@ def wgrad(x, dy, geom: ConvGeometry):
         t = col.shape[2]
         # (G, O/G, C/G*T) = (G, O/G, nb*M) @ (G, nb*M, C/G*T)
         part = np.matmul(_dy_block(dy, geom, n0, n1),
-                         col.reshape(G, cg * t, (n1 - n0) * math.prod(geom.out_sizes)).transpose(0, 2, 1))
+                         _col_matrix(col).transpose(0, 2, 1))
         dw[..., [i for i, _ in taps]] += part.reshape(G, og, cg, t)
     return dw.reshape(geom.w_shape)
 

@@ -42,6 +42,11 @@ def _grouped_w(w: np.ndarray, groups: int) -> np.ndarray:
     return w.reshape(groups, w.shape[0] // groups, *w.shape[1:])
 
 
+def _flat(a: np.ndarray) -> np.ndarray:
+    """(N, G, C, *S) -> (N, G, C, prod(S))."""
+    return a.reshape(*a.shape[:3], math.prod(a.shape[3:]))
+
+
 def fwd(x, w, geom: ConvGeometry):
     acc = _acc(x.dtype)
     xg, wg = _grouped(x.astype(acc), geom.groups), _grouped_w(w.astype(acc), geom.groups)
@@ -60,8 +65,8 @@ def wgrad(x, dy, geom: ConvGeometry):
     dwg = _grouped_w(dw, geom.groups)
     for tap, ps, qs in _views(geom):
         dys, xs = dyg[(...,) + ps], xg[(...,) + qs]
-        dwg[(...,) + tap] = np.einsum("ngop,ngcp->goc", dys.reshape(*dys.shape[:3], math.prod(dys.shape[3:])),
-                                      xs.reshape(*xs.shape[:3], math.prod(xs.shape[3:])))
+        # (G, O/G, C/G) = sum over n and positions of (N, G, O/G, P) x (N, G, C/G, P)
+        dwg[(...,) + tap] = np.einsum("ngop,ngcp->goc", _flat(dys), _flat(xs))
     return dw
 
 
