@@ -118,9 +118,52 @@ def convolution_backward_weights(src, diff_dst, weights_shape=None, *, strides,
                                  weights_format="XIO"):
     """oneDNN Graph ConvolutionBackwardWeights: the weight gradient of Convolution.
 
-    ``weights_shape`` is the full shape in ``weights_format`` (OIX ``(O, I/G, X)``
-    or XIO ``(X, I/G, O)``) or the spatial shape ``X``.  Returns diff_weights
-    in ``weights_format``.
+    Parameters
+    ----------
+    src : ndarray
+        The Convolution's input, rank 3 to 5, in ``data_format``.
+    diff_dst : ndarray
+        The gradient of its output; its spatial shape must be exactly the
+        Convolution's output size.
+    weights_shape : list of int
+        The full weights shape in ``weights_format`` -- OIX ``(O, I/G, X)`` or
+        XIO ``(X, I/G, O)`` -- or only its spatial part ``X``.  Required.
+    strides : list of int
+        Stride per spatial axis (positive).
+    pads_begin, pads_end : list of int, optional
+        Non-negative padding per spatial axis; ignored unless ``auto_pad`` is
+        explicit ("None"/"none").  Missing or empty means zeros.
+    dilations : list of int, optional
+        Dilation per spatial axis, 1 = dense (default).
+    auto_pad : {"None", "SAME_UPPER", "SAME_LOWER", "VALID"}, optional
+        Any case; same_upper puts an odd total padding at the end.
+    groups : int, optional
+        Input and output channels are split into ``groups`` contiguous blocks.
+    data_format : {"NXC", "NCX"}, optional
+        Layout of the data tensors.
+    weights_format : {"XIO", "OIX"}, optional
+        Layout of the result.
+
+    Returns
+    -------
+    ndarray
+        diff_weights in ``weights_format``, with the inputs' dtype.
+
+    Raises
+    ------
+    ConvGradError
+        An attribute or shape breaks a rule (the message names it).
+    TypeError
+        Unsupported or mixed dtypes.
+
+    Examples
+    --------
+    >>> src = np.arange(1.0, 9.0).reshape(1, 4, 2)        # NXC: 4 positions, 2 channels
+    >>> diff_dst = np.array([[[1.0], [0.0], [2.0]]])      # 3 positions, 1 channel
+    >>> convolution_backward_weights(src, diff_dst, [2], strides=[1],
+    ...                              weights_format="OIX")
+    array([[[11., 17.],
+            [14., 20.]]])
     """
     return _conv_wgrad("ConvolutionBackwardWeights", "src", src, "diff_dst", diff_dst,
                        "weights_shape", weights_shape, strides=strides,
@@ -134,11 +177,45 @@ def convolution_backward_weights(src, diff_dst, weights_shape=None, *, strides,
 def convolution_backprop_filters(input, filters_shape, output_delta, *, strides,  # noqa: A002
                                  pads_begin=None, pads_end=None, dilations=None, auto_pad=None,
                                  groups=1, data_format="NXC", filter_format="XIO"):
-    """oneDNN Graph ConvolutionBackpropFilters-1 (older name of
-    ConvolutionBackwardWeights, with its input order).
+    """oneDNN Graph ConvolutionBackpropFilters-1: the older name of
+    ConvolutionBackwardWeights, with its input order.
 
-    ``filters_shape`` is the spatial shape of the filter (as the page says) or
-    its full shape in ``filter_format``.  Returns filter_delta.
+    Parameters
+    ----------
+    input : ndarray
+        The Convolution's input, rank 3 to 5, in ``data_format``.
+    filters_shape : list of int
+        The filter's spatial shape (as the page says), or its full shape in
+        ``filter_format``.
+    output_delta : ndarray
+        The gradient of the Convolution's output.
+    strides : list of int
+        Stride per spatial axis (positive).
+    pads_begin, pads_end : list of int, optional
+        Non-negative padding per spatial axis; ignored unless ``auto_pad`` is
+        explicit ("None"/"none").  Missing or empty means zeros.
+    dilations : list of int, optional
+        Dilation per spatial axis, 1 = dense (default).
+    auto_pad : {"None", "SAME_UPPER", "SAME_LOWER", "VALID"}, optional
+        Any case; same_upper puts an odd total padding at the end.
+    groups : int, optional
+        Input and output channels are split into ``groups`` contiguous blocks.
+    data_format : {"NXC", "NCX"}, optional
+        Layout of the data tensors.
+    filter_format : {"XIO", "OIX"}, optional
+        Layout of the result: XIO ``(X, I/G, O)`` or OIX ``(O, I/G, X)``.
+
+    Returns
+    -------
+    ndarray
+        filter_delta in ``filter_format``.
+
+    Examples
+    --------
+    >>> x = np.arange(1.0, 9.0).reshape(1, 4, 2)
+    >>> convolution_backprop_filters(x, [2], np.array([[[1.0], [0.0], [2.0]]]),
+    ...                              strides=[1]).shape                   # XIO
+    (2, 2, 1)
     """
     return _conv_wgrad("ConvolutionBackpropFilters", "input", input, "output_delta",
                        output_delta, "filters_shape", filters_shape, strides=strides,
@@ -156,10 +233,46 @@ def conv_transpose_backprop_filters(input, output_delta, filter_shape=None, *,  
                                     data_format="NXC", filter_format="XIO"):
     """oneDNN Graph ConvTransposeBackpropFilters-1: the weight gradient of ConvTranspose.
 
-    ``input`` is the ConvTranspose's input (N, I, X) and ``output_delta`` the
-    gradient of its output (N, O, X').  ``filter_shape``: full shape in
-    ``filter_format`` -- OIX ``(O/G, I, X)``, XIO ``(X, I, O/G)`` (also IOX,
-    XOI) -- or spatial.  Returns filter_delta in ``filter_format``.
+    Parameters
+    ----------
+    input : ndarray
+        The ConvTranspose's input, channels I.
+    output_delta : ndarray
+        The gradient of its output, channels O, spatial size exactly
+        ``s*(L-1) + (K-1)*d + 1 - pads_begin - pads_end + output_padding``.
+    filter_shape : list of int
+        Full shape in ``filter_format`` -- OIX ``(O/G, I, X)``, XIO ``(X, I, O/G)``,
+        or IOX ``(I, O/G, X)``, XOI ``(X, O/G, I)`` -- or spatial only.
+    strides : list of int
+        Stride per spatial axis (positive).
+    pads_begin, pads_end : list of int, optional
+        Non-negative padding per spatial axis; ignored unless ``auto_pad`` is
+        explicit ("None"/"none").  Missing or empty means zeros.
+    dilations : list of int, optional
+        Dilation per spatial axis, 1 = dense (default).
+    auto_pad : {"None", "SAME_UPPER", "SAME_LOWER", "VALID"}, optional
+        Any case; same_* pad as ConvTranspose does (total ``max(Ke - s, 0)``,
+        so the output is ``s * L``), same_upper putting an odd element at the end.
+    groups : int, optional
+        Input and output channels are split into ``groups`` contiguous blocks.
+    data_format : {"NXC", "NCX"}, optional
+        Layout of the data tensors.
+    output_padding : list of int, optional
+        Extra output positions at the end, ``0 <= op < max(stride, dilation)``.
+    filter_format : {"XIO", "OIX", "IOX", "XOI"}, optional
+        Layout of the result.
+
+    Returns
+    -------
+    ndarray
+        filter_delta in ``filter_format``.
+
+    Examples
+    --------
+    >>> u = np.array([[[1.0], [2.0]]])                 # ConvTranspose input, NXC
+    >>> v = np.arange(1.0, 6.0).reshape(1, 5, 1)       # gradient of its 5-long output
+    >>> conv_transpose_backprop_filters(u, v, [3], strides=[2]).ravel()
+    array([ 7., 10., 13.])
     """
     return _convt_wgrad("ConvTransposeBackpropFilters", "input", input, "output_delta",
                         output_delta, "filter_shape", filter_shape, strides=strides,

@@ -98,9 +98,41 @@ def group_convolution_backprop_data(data, filter, output_shape=None, *,  # noqa:
                                     auto_pad="explicit", output_padding=None):
     """OpenVINO GroupConvolutionBackpropData-1.
 
-    data ``[N, G*C_IN, X...]``, filter ``[G, C_IN, C_OUT, X...]``, optional
-    output_shape (spatial, or full ``[N, G*C_OUT, X...]``); returns
-    ``[N, G*C_OUT, X'...]``.
+    Parameters
+    ----------
+    data : ndarray
+        ``[N, GROUPS * C_IN, Z, Y, X]`` (rank 3 to 5), any numeric dtype.
+    filter : ndarray
+        ``[GROUPS, C_IN, C_OUT, Z, Y, X]``; the number of groups is its first dim.
+    output_shape : list of int, optional
+        Spatial output shape (or the full ``[N, GROUPS * C_OUT, ...]``).
+    strides : list of int
+        Positive, per spatial axis.
+    pads_begin, pads_end : list of int, optional
+        Non-negative; used with ``auto_pad="explicit"`` only.  With
+        output_shape, only pads_begin matters.
+    dilations : list of int, optional
+        Positive, default 1.
+    auto_pad : {"explicit", "same_upper", "same_lower", "valid"}, optional
+        Without output_shape, same_* and valid use zero pads.  With it, same_*
+        split ``max(0, s*(L-1) + Ke - out + output_padding)`` with the odd
+        element at the *beginning* for same_upper (the runtime's rule).
+    output_padding : list of int, optional
+        Non-negative; extra positions at the end (zeros past the full extent).
+
+    Returns
+    -------
+    ndarray
+        ``[N, GROUPS * C_OUT, ...]`` with the data's dtype (integers saturate).
+
+    Examples
+    --------
+    >>> data = np.array([[[1.0, 2.0]]])
+    >>> kernel = np.array([[[[1.0, 10.0, 100.0]]]])
+    >>> group_convolution_backprop_data(data, kernel, strides=[2])
+    array([[[  1.,  10., 102.,  20., 200.]]])
+    >>> group_convolution_backprop_data(data, kernel, [4], strides=[2], auto_pad="same_upper")
+    array([[[ 10., 102.,  20., 200.]]])
     """
     return _backprop("GroupConvolutionBackpropData", data, filter, output_shape, strides,
                      pads_begin, pads_end, dilations, auto_pad, output_padding, grouped=True)

@@ -209,8 +209,39 @@ def _dgrad(op, sizes_name, input_sizes, filter_name, filter, out_backprop, strid
 def conv2d_backprop_filter(input, filter_sizes, out_backprop, strides, padding,  # noqa: A002
                            data_format="NHWC", dilations=None, explicit_paddings=None, *,
                            use_cudnn_on_gpu=True, name=None):
-    """TensorFlow Conv2DBackpropFilter: gradient w.r.t. the HWIO filter
-    ``[filter_height, filter_width, in_channels / groups, out_channels]``."""
+    """TensorFlow Conv2DBackpropFilter: the gradient w.r.t. the filter.
+
+    Parameters
+    ----------
+    input : ndarray
+        4-D, ``[batch, in_height, in_width, in_channels]`` (NHWC) or NCHW.
+    filter_sizes : list of int
+        ``[filter_height, filter_width, in_channels / groups, out_channels]``
+        (or the 2 spatial sizes, then groups = 1).
+    out_backprop : ndarray
+        The gradient of the conv output, of exactly the output size.
+    strides : int or list of int
+        One per spatial axis, or 4 in ``data_format`` order (batch/channel 1).
+    padding : {"SAME", "VALID", "EXPLICIT"} or list of [before, after] pairs
+        SAME puts an odd total at the end.
+    data_format : {"NHWC", "NCHW"}, optional
+    dilations : int or list of int, optional
+        Computed for any value (TensorFlow's CPU kernels refuse > 1).
+    explicit_paddings : list of int, optional
+        With padding="EXPLICIT": 8 values, [before, after] per dimension.
+
+    Returns
+    -------
+    ndarray
+        The filter gradient, HWIO, with the input's dtype.
+
+    Examples
+    --------
+    >>> x = np.arange(1.0, 7.0).reshape(1, 2, 3, 1)
+    >>> dy = np.array([1.0, 2.0]).reshape(1, 1, 2, 1)
+    >>> conv2d_backprop_filter(x, [2, 2, 1, 1], dy, [1, 1, 1, 1], "VALID").ravel()
+    array([ 5.,  8., 14., 17.])
+    """
     return _wgrad("Conv2DBackpropFilter", input, filter_sizes, out_backprop, strides, padding,
                   data_format, dilations, explicit_paddings, rank=4)
 
