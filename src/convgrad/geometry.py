@@ -380,17 +380,20 @@ class ConvGeometry:
         return ps, qs
 
 
+def check_divisible(op: str, name: str, channels: int, groups: int) -> None:
+    if groups < 1:
+        raise fail(op, "groups", groups, "must be a positive integer")
+    if channels % groups:
+        raise fail(op, name, channels, f"must be divisible by groups = {groups}")
+
+
 def make_geometry(op: str, *, n, c, o, groups, in_sizes, kernel, out_sizes, strides,
                   dilations, pads_begin, pads_end, channel_names=("input channels",
                                                                   "output channels")
                   ) -> ConvGeometry:
     """Validate group divisibility and sizes, and build a :class:`ConvGeometry`."""
-    if groups < 1:
-        raise fail(op, "groups", groups, "must be a positive integer")
-    if c % groups:
-        raise fail(op, channel_names[0], c, f"must be divisible by groups = {groups}")
-    if o % groups:
-        raise fail(op, channel_names[1], o, f"must be divisible by groups = {groups}")
+    check_divisible(op, channel_names[0], c, groups)
+    check_divisible(op, channel_names[1], o, groups)
     if any(k < 1 for k in kernel):
         raise fail(op, "kernel spatial shape", list(kernel), "must be positive")
     for name, vals in (("strides", strides), ("dilations", dilations)):

@@ -17,8 +17,9 @@ output_padding must be in ``[0, max(stride, dilation))``.
 
 from __future__ import annotations
 
-from ..geometry import (check_conv_output, conv_out_sizes, make_geometry, parse_choice,
-                        positive_int, resolve_pads, shape_input, transposed_sizes)
+from ..geometry import (check_conv_output, check_divisible, conv_out_sizes, make_geometry,
+                        parse_choice, positive_int, resolve_pads, shape_input,
+                        transposed_sizes)
 from ..layouts import CONV_WEIGHTS, CONVT_WEIGHTS, NCX, NXC
 from ._common import (check_bias, check_equal, conv_attrs, data_shape, make_plan,
                       same_rank, weights_dims)
@@ -56,6 +57,7 @@ def _conv_wgrad(op, x_name, x, dy_name, dy, shape_name, shape, *, strides, pads_
     n2, o, out_sizes = data_shape(op, dy_name, dy, dl)
     check_equal(op, f"batch of {dy_name}", n2, n, f"batch of {x_name}")
     groups = positive_int(op, "groups", groups)
+    check_divisible(op, f"{x_name} channels", c, groups)
     wl = _weight_layout(op, fmt_name, fmt, CONV_WEIGHTS)
     a = conv_attrs(op, rank - 2, strides=strides, pads_begin=pads_begin, pads_end=pads_end,
                    dilations=dilations, auto_pad=auto_pad)
@@ -92,6 +94,7 @@ def _convt_wgrad(op, src_name, src, dd_name, dd, shape_name, shape, *, strides, 
     n2, o_ch, big = data_shape(op, dd_name, dd, dl)
     check_equal(op, f"batch of {dd_name}", n2, n, f"batch of {src_name}")
     groups = positive_int(op, "groups", groups)
+    check_divisible(op, f"{dd_name} channels", o_ch, groups)
     wl = _weight_layout(op, fmt_name, fmt, CONVT_WEIGHTS)
     a = conv_attrs(op, rank - 2, strides=strides, pads_begin=pads_begin, pads_end=pads_end,
                    dilations=dilations, auto_pad=auto_pad, output_padding=output_padding)
