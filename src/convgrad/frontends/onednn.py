@@ -27,6 +27,33 @@ from ._plan import spec_op
 
 DIALECT = "onednn"
 
+_ATTRS_DOC = """\
+    strides : list of int
+        Stride per spatial axis (positive).
+    pads_begin, pads_end : list of int, optional
+        Non-negative padding per spatial axis; ignored unless ``auto_pad`` is
+        explicit ("None"/"none").  Missing or empty means zeros.
+    dilations : list of int, optional
+        Dilation per spatial axis, 1 = dense (default).
+    auto_pad : {"None", "SAME_UPPER", "SAME_LOWER", "VALID"}, optional
+        Any case; %s
+    groups : int, optional
+        Input and output channels are split into ``groups`` contiguous blocks.
+    data_format : {"NXC", "NCX"}, optional
+        Layout of the data tensors.
+"""
+
+
+def _doc(fn):
+    """Fill the common attribute descriptions into ``fn``'s docstring."""
+    conv = _ATTRS_DOC % "same_upper puts an odd total padding at the end."
+    convt = _ATTRS_DOC % ("same_* pad as ConvTranspose does (total ``max(Ke - s, 0)``,\n"
+                          "        so the output is ``s * L``), same_upper putting an odd "
+                          "element at the end.")
+    fn.__doc__ = (fn.__doc__.replace("    <common attributes, ConvTranspose>\n", convt)
+                  .replace("    <common attributes>\n", conv))
+    return fn
+
 
 def _data_layout(op, data_format):
     return {"NCX": NCX, "NXC": NXC}[parse_choice(op, "data_format", data_format,
@@ -115,6 +142,7 @@ def _convt_wgrad(op, src_name, src, dd_name, dd, shape_name, shape, *, strides, 
 
 @spec_op("ConvolutionBackwardWeights", DIALECT, inputs=("src", "diff_dst", "weights_shape"),
          tensors=("src", "diff_dst"), shape_attrs=("weights_shape",))
+@_doc
 def convolution_backward_weights(src, diff_dst, weights_shape=None, *, strides,
                                  pads_begin=None, pads_end=None, dilations=None,
                                  auto_pad="None", groups=1, data_format="NXC",
@@ -131,19 +159,7 @@ def convolution_backward_weights(src, diff_dst, weights_shape=None, *, strides,
     weights_shape : list of int
         The full weights shape in ``weights_format`` -- OIX ``(O, I/G, X)`` or
         XIO ``(X, I/G, O)`` -- or only its spatial part ``X``.  Required.
-    strides : list of int
-        Stride per spatial axis (positive).
-    pads_begin, pads_end : list of int, optional
-        Non-negative padding per spatial axis; ignored unless ``auto_pad`` is
-        explicit ("None"/"none").  Missing or empty means zeros.
-    dilations : list of int, optional
-        Dilation per spatial axis, 1 = dense (default).
-    auto_pad : {"None", "SAME_UPPER", "SAME_LOWER", "VALID"}, optional
-        Any case; same_upper puts an odd total padding at the end.
-    groups : int, optional
-        Input and output channels are split into ``groups`` contiguous blocks.
-    data_format : {"NXC", "NCX"}, optional
-        Layout of the data tensors.
+    <common attributes>
     weights_format : {"XIO", "OIX"}, optional
         Layout of the result.
 
@@ -177,6 +193,7 @@ def convolution_backward_weights(src, diff_dst, weights_shape=None, *, strides,
 
 @spec_op("ConvolutionBackpropFilters", DIALECT, inputs=("input", "filters_shape", "output_delta"),
          tensors=("input", "output_delta"))
+@_doc
 def convolution_backprop_filters(input, filters_shape, output_delta, *, strides,  # noqa: A002
                                  pads_begin=None, pads_end=None, dilations=None, auto_pad=None,
                                  groups=1, data_format="NXC", filter_format="XIO"):
@@ -192,19 +209,7 @@ def convolution_backprop_filters(input, filters_shape, output_delta, *, strides,
         ``filter_format``.
     output_delta : ndarray
         The gradient of the Convolution's output.
-    strides : list of int
-        Stride per spatial axis (positive).
-    pads_begin, pads_end : list of int, optional
-        Non-negative padding per spatial axis; ignored unless ``auto_pad`` is
-        explicit ("None"/"none").  Missing or empty means zeros.
-    dilations : list of int, optional
-        Dilation per spatial axis, 1 = dense (default).
-    auto_pad : {"None", "SAME_UPPER", "SAME_LOWER", "VALID"}, optional
-        Any case; same_upper puts an odd total padding at the end.
-    groups : int, optional
-        Input and output channels are split into ``groups`` contiguous blocks.
-    data_format : {"NXC", "NCX"}, optional
-        Layout of the data tensors.
+    <common attributes>
     filter_format : {"XIO", "OIX"}, optional
         Layout of the result: XIO ``(X, I/G, O)`` or OIX ``(O, I/G, X)``.
 
@@ -230,6 +235,7 @@ def convolution_backprop_filters(input, filters_shape, output_delta, *, strides,
 @spec_op("ConvTransposeBackpropFilters", DIALECT,
          inputs=("input", "output_delta", "filter_shape"), tensors=("input", "output_delta"),
          shape_attrs=("filter_shape",))
+@_doc
 def conv_transpose_backprop_filters(input, output_delta, filter_shape=None, *,  # noqa: A002
                                     strides, pads_begin=None, pads_end=None, dilations=None,
                                     auto_pad=None, output_padding=None, groups=1,
@@ -246,20 +252,7 @@ def conv_transpose_backprop_filters(input, output_delta, filter_shape=None, *,  
     filter_shape : list of int
         Full shape in ``filter_format`` -- OIX ``(O/G, I, X)``, XIO ``(X, I, O/G)``,
         or IOX ``(I, O/G, X)``, XOI ``(X, O/G, I)`` -- or spatial only.
-    strides : list of int
-        Stride per spatial axis (positive).
-    pads_begin, pads_end : list of int, optional
-        Non-negative padding per spatial axis; ignored unless ``auto_pad`` is
-        explicit ("None"/"none").  Missing or empty means zeros.
-    dilations : list of int, optional
-        Dilation per spatial axis, 1 = dense (default).
-    auto_pad : {"None", "SAME_UPPER", "SAME_LOWER", "VALID"}, optional
-        Any case; same_* pad as ConvTranspose does (total ``max(Ke - s, 0)``,
-        so the output is ``s * L``), same_upper putting an odd element at the end.
-    groups : int, optional
-        Input and output channels are split into ``groups`` contiguous blocks.
-    data_format : {"NXC", "NCX"}, optional
-        Layout of the data tensors.
+    <common attributes, ConvTranspose>
     output_padding : list of int, optional
         Extra output positions at the end, ``0 <= op < max(stride, dilation)``.
     filter_format : {"XIO", "OIX", "IOX", "XOI"}, optional
