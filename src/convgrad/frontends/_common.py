@@ -32,8 +32,7 @@ def _zeros_if_empty(value):
 
 def conv_attrs(op: str, spatial_rank: int, *, strides, pads_begin=None, pads_end=None,
                dilations=None, auto_pad=None, output_padding=None,
-               strict_output_padding: bool = True, allow_negative_pads: bool = False
-               ) -> ConvAttrs:
+               strict_output_padding: bool = True) -> ConvAttrs:
     """Parse the common convolution attributes for ``spatial_rank`` axes.
 
     Missing (None or empty) pads and output_padding mean zeros, missing
@@ -47,12 +46,11 @@ def conv_attrs(op: str, spatial_rank: int, *, strides, pads_begin=None, pads_end
     dilations = (1,) * n if dilations is None else int_tuple(op, "dilations", dilations, n,
                                                               minimum=1)
     mode = parse_auto_pad(op, auto_pad)
-    pad_min = None if allow_negative_pads else 0
     if mode == "explicit":
         pb = (0,) * n if _zeros_if_empty(pads_begin) else int_tuple(
-            op, "pads_begin", pads_begin, n, minimum=pad_min)
+            op, "pads_begin", pads_begin, n, minimum=0)
         pe = (0,) * n if _zeros_if_empty(pads_end) else int_tuple(
-            op, "pads_end", pads_end, n, minimum=pad_min)
+            op, "pads_end", pads_end, n, minimum=0)
     else:
         pb = pe = (0,) * n
     opad = (0,) * n if _zeros_if_empty(output_padding) else int_tuple(

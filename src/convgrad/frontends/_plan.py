@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -65,7 +65,6 @@ class Plan:
     from_canonical: Callable
     out_shape: tuple[int, ...]
     allow_int: bool = False
-    notes: dict = field(default_factory=dict)
 
     def run(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         dtype = common_dtype(self.op, arrays, allow_int=self.allow_int)
