@@ -24,7 +24,6 @@ from . import kernels, settings
 from .dtypes import compute_dtype
 from .geometry import ConvGeometry
 
-KINDS = kernels.OPS
 
 
 def compute(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
