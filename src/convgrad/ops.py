@@ -25,7 +25,6 @@ from .dtypes import compute_dtype
 from .geometry import ConvGeometry
 
 
-
 def compute(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
             dtype: np.dtype) -> np.ndarray:
     """Run one canonical op on canonical views ``a``, ``b`` of dtype ``dtype``.
