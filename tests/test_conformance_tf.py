@@ -517,47 +517,9 @@ LOWP = [gen(op, 100 + j, dtype=dt)
         for op in OPS for j, dt in enumerate((F16, BF16))]
 
 
-def _params(cases):
-    return [pytest.param(c, id=c.id) for c in cases]
-
-
-@pytest.mark.parametrize("c", _params(SWEEP["conv2d_backprop_filter"]))
-def test_conv2d_backprop_filter(c):
-    check(c)
-
-
-@pytest.mark.parametrize("c", _params(SWEEP["conv2d_backprop_input"]))
-def test_conv2d_backprop_input(c):
-    check(c)
-
-
-@pytest.mark.parametrize("c", _params(SWEEP["conv3d_backprop_filter_v2"]))
-def test_conv3d_backprop_filter_v2(c):
-    check(c)
-
-
-@pytest.mark.parametrize("c", _params(SWEEP["conv3d_backprop_input_v2"]))
-def test_conv3d_backprop_input_v2(c):
-    check(c)
-
-
-@pytest.mark.parametrize("c", _params(SWEEP["depthwise_conv2d_native_backprop_filter"]))
-def test_depthwise_conv2d_native_backprop_filter(c):
-    check(c)
-
-
-@pytest.mark.parametrize("c", _params(SWEEP["depthwise_conv2d_native_backprop_input"]))
-def test_depthwise_conv2d_native_backprop_input(c):
-    check(c)
-
-
-@pytest.mark.parametrize("c", _params(SWEEP["conv1d_transpose"]))
-def test_conv1d_transpose(c):
-    check(c)
-
-
-@pytest.mark.parametrize("c", _params(SWEEP["conv2d_transpose"]))
-def test_conv2d_transpose(c):
+@pytest.mark.parametrize("c", [pytest.param(c, id=f"{op}-{c.id}")
+                               for op, cases in SWEEP.items() for c in cases])
+def test_sweep(c):
     check(c)
 
 
