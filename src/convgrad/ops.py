@@ -30,11 +30,40 @@ def compute(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
     """Run one canonical op on canonical views ``a``, ``b`` of dtype ``dtype``.
 
     ``kind`` is ``"fwd"`` (a=x, b=w), ``"wgrad"`` (a=x, b=dy) or ``"dgrad"``
-    (a=w, b=dy).  Inputs are copied once, contiguous, into the compute dtype
-    (never modified); the result is a new array in the compute dtype.
+    (a=w, b=dy).  Inputs are brought into the selected kernel's layout and
+    the compute dtype, copied only when they are not already so (never
+    modified); the result is a canonical view of a new array in the compute
+    dtype.
     """
     cdt = compute_dtype(np.dtype(dtype))
-    a = np.ascontiguousarray(a, dtype=cdt)
-    b = np.ascontiguousarray(b, dtype=cdt)
     kernel = kernels.select(kind, geom, cdt, settings.algo())
-    return kernel.fn(a, b, geom)
+    if kernel.layout == "ncx":
+        a = np.ascontiguousarray(a, dtype=cdt)
+        b = np.ascontiguousarray(b, dtype=cdt)
+        return kernel.fn(a, b, geom)
+    # Channels last: a view of a channels-last caller array is contiguous
+    # again here, so NXC/XIO callers pay no layout copy.
+    a, b = (np.ascontiguousarray(to_nxc(t, is_w), dtype=cdt)
+            for t, is_w in zip((a, b), _WEIGHT_ARGS[kind]))
+    out = kernel.fn(a, b, geom)
+    return from_nxc(out, kind == "wgrad")
+
+
+_WEIGHT_ARGS = {"fwd": (False, True), "wgrad": (False, False), "dgrad": (True, False)}
+
+
+def to_nxc(t: np.ndarray, is_weights: bool) -> np.ndarray:
+    """Canonical view -> channels-last view: ``(N, C, *S) -> (N, *S, C)``,
+    ``(O, C/G, *K) -> (*K, C/G, O)``."""
+    r = t.ndim
+    if is_weights:
+        return t.transpose(*range(2, r), 1, 0)
+    return np.moveaxis(t, 1, -1)
+
+
+def from_nxc(t: np.ndarray, is_weights: bool) -> np.ndarray:
+    """The inverse view of :func:`to_nxc`."""
+    r = t.ndim
+    if is_weights:
+        return t.transpose(r - 1, r - 2, *range(r - 2))
+    return np.moveaxis(t, -1, 1)

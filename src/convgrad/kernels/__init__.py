@@ -1,9 +1,14 @@
 """Compute kernels: an algorithm registry and a selector.
 
-Every kernel works in the canonical layout only -- data ``(N, C, *S)``,
-weights ``(O, C/G, *K)`` -- on C-contiguous arrays already in the compute
-dtype, and is told the problem by a :class:`~convgrad.geometry.ConvGeometry`.
-Kernels never see layout strings, spec names or auto_pad.
+Every kernel declares one of two compute layouts and receives C-contiguous
+arrays in it, already in the compute dtype, and is told the problem by a
+:class:`~convgrad.geometry.ConvGeometry`.  Kernels never see layout strings,
+spec names or auto_pad.
+
+- ``"ncx"``: data ``(N, C, *S)``, weights ``(O, C/G, *K)`` (the canonical
+  layout of :mod:`convgrad.ops`);
+- ``"nxc"``: data ``(N, *S, C)``, weights ``(*K, C/G, O)`` (channels last:
+  oneDNN's NXC/XIO and TensorFlow's NHWC/HWIO, reached without a copy).
 
 Op keys and signatures (the three are adjoint to each other, see ``ops``):
 
@@ -35,6 +40,7 @@ class Kernel:
     fn: Callable[[np.ndarray, np.ndarray, ConvGeometry], np.ndarray]
     supports: Callable[[ConvGeometry, np.dtype], "str | None"]
     priority: int
+    layout: str = "ncx"
 
 
 _REGISTRY: dict[str, list[Kernel]] = {op: [] for op in OPS}
