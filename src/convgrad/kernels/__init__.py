@@ -87,11 +87,24 @@ def _always(geom, dtype):
     return None
 
 
+def _blas_float(op):
+    def supports(geom, dtype):
+        from . import shifted
+        if dtype not in (np.float32, np.float64):
+            return f"computes float32/float64 only, not {dtype}"
+        if not shifted.fits(geom, op, dtype.itemsize):
+            return "one sample's grids exceed the workspace budget"
+        return None
+    return supports
+
+
 def _register_builtin() -> None:
-    from . import im2col, reference
+    from . import im2col, reference, shifted
     for op in OPS:
         register(Kernel("reference", op, getattr(reference, op), _always, priority=0))
         register(Kernel("im2col", op, getattr(im2col, op), _always, priority=10))
+        register(Kernel("shifted", op, getattr(shifted, op), _blas_float(op), priority=30,
+                        layout="nxc"))
 
 
 _register_builtin()

@@ -1,0 +1,154 @@
+"""Direct BLAS GEMM on strided NumPy views, and the kernels' worker pool.
+
+NumPy's ``matmul`` cannot accumulate into its output (BLAS ``beta = 1``) and
+SciPy's ``sgemm`` wrapper takes no leading dimensions, so it copies views.
+The GEMM kernels need both, so this module calls the BLAS that SciPy ships
+(``scipy.linalg.cython_blas``, the library SciPy itself uses) through the
+function pointers SciPy exports for that purpose, with ctypes.  ctypes drops
+the GIL during the call, so the pool's threads run GEMMs in parallel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from scipy.linalg import cython_blas
+
+_c_int_p = ctypes.POINTER(ctypes.c_int)
+
+
+def _blas_fn(name: str, real):
+    capsule = cython_blas.__pyx_capi__[name]
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
+    get_ptr.restype, get_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    ptr = get_ptr(capsule, get_name(capsule))
+    proto = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, _c_int_p, _c_int_p, _c_int_p,
+                             ctypes.POINTER(real), ctypes.c_void_p, _c_int_p, ctypes.c_void_p,
+                             _c_int_p, ctypes.POINTER(real), ctypes.c_void_p, _c_int_p)
+    return proto(ptr)
+
+
+_GEMM = {np.dtype(np.float32): (_blas_fn("sgemm", ctypes.c_float), ctypes.c_float),
+         np.dtype(np.float64): (_blas_fn("dgemm", ctypes.c_double), ctypes.c_double)}
+
+
+def _colmajor(m: np.ndarray):
+    """Describe a 2-D view as a column-major BLAS operand of ``m`` itself or of
+    its transpose: (is_transposed, ld).  None if neither stride is unit."""
+    rows, cols = m.shape
+    sr, sc = (s // m.itemsize for s in m.strides)
+    if (sr == 1 or rows <= 1) and (cols <= 1 or sc >= max(1, rows)):
+        return False, max(1, rows, sc if cols > 1 else 1)        # column-major as is
+    if (sc == 1 or cols <= 1) and (rows <= 1 or sr >= max(1, cols)):
+        return True, max(1, cols, sr if rows > 1 else 1)         # row-major = transposed
+    return None
+
+
+def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float = 0.0) -> None:
+    """``c = a @ b + beta * c`` in place, on 2-D views with one unit stride each
+    (any leading dimension); all three share one dtype, float32 or float64."""
+    m, k = a.shape
+    n = c.shape[1]
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        if beta == 0.0:
+            c[...] = 0
+        else:
+            c *= beta
+        return
+    fn, real = _GEMM[c.dtype]
+    da, db, dc = _colmajor(a), _colmajor(b), _colmajor(c)
+    if da is None:
+        a, da = np.ascontiguousarray(a), _colmajor(np.ascontiguousarray(a))
+    if db is None:
+        b, db = np.ascontiguousarray(b), _colmajor(np.ascontiguousarray(b))
+    if dc is None:
+        raise ValueError("gemm: output view needs a unit stride")
+    if dc[0]:
+        # c row-major: compute c^T (column-major) = b^T @ a^T.
+        a, b, da, db, m, n = b, a, (not db[0], db[1]), (not da[0], da[1]), n, m
+    ta = b"T" if da[0] else b"N"
+    tb = b"T" if db[0] else b"N"
+    i = ctypes.c_int
+    fn(ta, tb, ctypes.byref(i(m)), ctypes.byref(i(n)), ctypes.byref(i(k)),
+       ctypes.byref(real(1.0)), a.ctypes.data, ctypes.byref(i(da[1])),
+       b.ctypes.data, ctypes.byref(i(db[1])), ctypes.byref(real(beta)),
+       c.ctypes.data, ctypes.byref(i(dc[1])))
+
+
+# -- worker pool --------------------------------------------------------------
+
+_pool_lock = threading.Lock()
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                                   # pragma: no cover
+        return os.cpu_count() or 1
+
+
+def workers() -> int:
+    """Threads the kernels use: ``convgrad.config(threads=...)`` if set, else
+    the CPUs this process may run on."""
+    from .. import settings
+    n = getattr(settings, "threads", lambda: None)()
+    return max(1, int(n)) if n else cpu_count()
+
+
+def run_parallel(tasks) -> list:
+    """Run zero-argument callables on the pool (in this thread if one worker);
+    results in task order.  The BLAS calls inside are single-threaded while
+    the pool runs (see :func:`single_threaded_blas`)."""
+    tasks = list(tasks)
+    nw = min(workers(), len(tasks))
+    if nw <= 1:
+        return [t() for t in tasks]
+    with _pool_lock:
+        pool = _pools.get(nw)
+        if pool is None:
+            pool = _pools[nw] = ThreadPoolExecutor(nw, thread_name_prefix="convgrad")
+    with single_threaded_blas():
+        return [f.result() for f in [pool.submit(t) for t in tasks]]
+
+
+_controller = None
+_limit_lock = threading.Lock()
+_limit_depth = 0
+_limiter = None
+
+
+class single_threaded_blas:
+    """Limit BLAS libraries to one thread while the kernels' own threads run
+    GEMMs side by side (nested and concurrent uses share one limit)."""
+
+    def __enter__(self):
+        global _controller, _limit_depth, _limiter
+        with _limit_lock:
+            if _limit_depth == 0:
+                try:
+                    if _controller is None:
+                        from threadpoolctl import ThreadpoolController
+                        _controller = ThreadpoolController()
+                    _limiter = _controller.limit(limits=1, user_api="blas")
+                except Exception:                            # pragma: no cover
+                    _limiter = None
+            _limit_depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        global _limit_depth, _limiter
+        with _limit_lock:
+            _limit_depth -= 1
+            if _limit_depth == 0 and _limiter is not None:
+                _limiter.restore_original_limits()
+                _limiter = None
+        return False

@@ -1,0 +1,333 @@
+"""Shifted-GEMM kernels: channels last, no im2col copy.
+
+In channels-last layout a tensor is a matrix of rows (one per position) and
+channels.  Pad the input once onto a *grid* and flatten it to rows: the rows
+kernel tap ``t`` reads for all output positions are then one contiguous row
+range at a fixed offset ``off[t]``, if the output is laid out on the same grid
+(rows of the grid that are not output positions are computed and dropped, or
+hold zeros).  Each op becomes one GEMM per tap on views, in place:
+
+- fwd:   ``y[p]     += xg[p + off[t]] @ w[t]``         (C/G -> O/G per group)
+- wgrad: ``dw[t]     = xg[off[t] : off[t]+P]^T @ dyg``  (dyg: dy on the grid)
+- dgrad: a forward correlation of the gridded ``dy`` with the flipped taps.
+
+Strides > 1 split into stride phases (space to depth): tap ``k`` with
+``k*d = q*s + r`` reads phase ``r`` of the input at offset ``q``, so every
+phase is a stride-1 problem on its own grid; a data gradient computes each
+output phase separately.
+
+Rows are processed in blocks that fit in cache, the blocks in parallel on the
+kernels' pool with single-threaded BLAS; every output row block is owned by
+one task, so results do not depend on scheduling.  The grids cost one copy of
+each input; a problem whose grids exceed the workspace budget is processed in
+batch blocks, and one that still does not fit is left to im2col.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from .. import settings
+from ..geometry import ConvGeometry
+from ._blas import gemm, run_parallel, workers
+
+ROW_BLOCK = 1024           # rows per chunk of a weight-gradient GEMM
+BLOCK_BYTES = 512 * 1024   # bytes of input + output rows per data-/forward GEMM block
+
+
+# -- problem decomposition (integers only) -------------------------------------------
+
+def _taps(geom: ConvGeometry):
+    """Per tap (index, phase, q): ``k*d = q*s + r``, phase = tuple(r)."""
+    out = []
+    for idx, k in enumerate(itertools.product(*(range(n) for n in geom.kernel))):
+        r = tuple(ki * d % s for ki, d, s in zip(k, geom.dilations, geom.strides))
+        q = tuple(ki * d // s for ki, d, s in zip(k, geom.dilations, geom.strides))
+        out.append((idx, r, q))
+    return out
+
+
+def _flat(v, extents) -> int:
+    """Row offset of grid position ``v`` in a grid of ``extents``."""
+    off = 0
+    for x, e in zip(v, extents):
+        off = off * e + x
+    return off
+
+
+def _phase_copy(src_len, s, r, pb, grid_len, shift):
+    """For grid index ``u`` (``j = u + shift``) holding source ``i = j*s + r - pb``:
+    the grid range ``[u0, u1)`` and source slice that are inside ``[0, src_len)``."""
+    # i >= 0  <=>  j >= ceil((pb - r) / s)
+    j0 = max(shift, -((r - pb) // s))
+    j1 = min(shift + grid_len, (src_len - 1 - r + pb) // s + 1)
+    if j1 <= j0:
+        return None
+    i0 = j0 * s + r - pb
+    return slice(j0 - shift, j1 - shift), slice(i0, i0 + (j1 - j0 - 1) * s + 1, s)
+
+
+def _forward_grid(geom: ConvGeometry):
+    """Input-phase grids of the forward correlation (fwd and wgrad)."""
+    taps = _taps(geom)
+    qmax = tuple(max(q[i] for _, _, q in taps) for i in range(geom.spatial_rank))
+    extents = tuple(m + qm for m, qm in zip(geom.out_sizes, qmax))
+    phases = sorted({r for _, r, _ in taps})
+    return taps, extents, phases
+
+
+def _identity_grid(geom: ConvGeometry, extents, phases) -> bool:
+    """True when the single phase grid *is* the input (stride 1, no begin pad,
+    grid extents equal to the input sizes): no copy needed."""
+    return (phases == [tuple(0 for _ in extents)] and all(s == 1 for s in geom.strides)
+            and all(b == 0 for b in geom.pads_begin) and tuple(extents) == geom.in_sizes)
+
+
+def workspace_rows(geom: ConvGeometry, op: str) -> int:
+    """Grid rows per sample (all phases, inputs and outputs), for budgeting."""
+    taps, extents, phases = _forward_grid(geom)
+    per = math.prod(extents)
+    if op == "dgrad":
+        return per * (2 + len(phases))
+    return per * (len(phases) + 1)
+
+
+# -- the GEMM cores ---------------------------------------------------------------
+
+def _row_blocks(P: int, per_task: int):
+    return [(r, min(P, r + per_task)) for r in range(0, P, per_task)]
+
+
+def _gather(inputs, taps, out, P, groups):
+    """``out[p, :] = sum_t inputs[i_t][p + off_t, :] @ W_t`` for ``p < P``.
+
+    ``taps``: (input index, row offset, W (C/G, O) with per-group column
+    blocks); ``out`` (rows >= P, O) is fully written for rows < P."""
+    if P <= 0:
+        return
+    cin = inputs[0].shape[1] // groups if inputs else 0
+    cout = out.shape[1] // groups
+    if not taps or cin == 0:
+        out[:P] = 0
+        return
+
+    def block(r0, r1):
+        def run():
+            for g in range(groups):
+                oc = out[r0:r1, g * cout:(g + 1) * cout]
+                for j, (i, off, w) in enumerate(taps):
+                    gemm(inputs[i][r0 + off:r1 + off, g * cin:(g + 1) * cin],
+                         w[:, g * cout:(g + 1) * cout], oc, beta=0.0 if j == 0 else 1.0)
+        return run
+
+    row_bytes = (inputs[0].shape[1] + out.shape[1]) * out.itemsize
+    run_parallel(block(r0, r1) for r0, r1 in _row_blocks(P, _block_rows(P, row_bytes)))
+
+
+def _block_rows(P: int, row_bytes: int) -> int:
+    """Rows per task: a block of every operand stays in L2, and every worker
+    gets work."""
+    rows = min(4096, max(128, BLOCK_BYTES // max(1, row_bytes)))
+    return max(1, min(rows, -(-P // workers())))
+
+
+def _wgrad_core(inputs, taps, dyg, P, groups, dw):
+    """``dw[t] = sum_p inputs[i_t][p + off_t]^T @ dyg[p]`` over ``p < P``;
+    ``dw`` (T, C/G, O).  Tasks are (tap, row chunk); chunk partials are summed
+    in a fixed order."""
+    T = len(taps)
+    if T == 0:
+        return
+    cin = dw.shape[1]
+    cout = dw.shape[2] // groups
+    nw = workers()
+    chunks = 1 if (T >= 4 * nw or P < 2 * ROW_BLOCK) else max(1, min(-(-4 * nw // T),
+                                                                     P // ROW_BLOCK))
+    bounds = [round(P * c / chunks) for c in range(chunks + 1)]
+    parts = np.empty((chunks,) + dw.shape, dw.dtype) if chunks > 1 else dw[None]
+
+    def task(t, c):
+        def run():
+            i, off, _ = taps[t]
+            r0, r1 = bounds[c], bounds[c + 1]
+            for g in range(groups):
+                gemm(inputs[i][r0 + off:r1 + off, g * cin:(g + 1) * cin].T,
+                     dyg[r0:r1, g * cout:(g + 1) * cout], parts[c, t, :, g * cout:(g + 1) * cout])
+        return run
+
+    run_parallel(task(t, c) for t in range(T) for c in range(chunks))
+    if chunks > 1:
+        np.sum(parts, axis=0, out=dw)
+
+
+# -- grids ----------------------------------------------------------------------
+
+def _input_phases(x, geom: ConvGeometry, extents, phases, n0, n1):
+    """Phase grids of ``x[n0:n1]`` flattened to rows: list of (rows, C)."""
+    nb, C = n1 - n0, x.shape[-1]
+    if _identity_grid(geom, extents, phases):
+        return [x[n0:n1].reshape(-1, C)]
+    grids = np.zeros((len(phases), nb, *extents, C), x.dtype)
+    for pi, r in enumerate(phases):
+        dst, src = [], []
+        for L, s, ri, pb, e in zip(geom.in_sizes, geom.strides, r, geom.pads_begin, extents):
+            sl = _phase_copy(L, s, ri, pb, e, 0)
+            if sl is None:
+                break
+            dst.append(sl[0])
+            src.append(sl[1])
+        else:
+            grids[(pi, slice(None), *dst)] = x[(slice(n0, n1), *src)]
+    return [g.reshape(-1, C) for g in grids]
+
+
+def _embed(t, n0, n1, extents, begin):
+    """``t[n0:n1]`` (nb, *M, C) placed at ``begin`` (may be negative: cropped)
+    on a zero grid of ``extents``, flattened to rows."""
+    nb, C = n1 - n0, t.shape[-1]
+    sizes = t.shape[1:-1]
+    if all(b == 0 for b in begin) and tuple(extents) == tuple(sizes):
+        return t[n0:n1].reshape(-1, C)
+    g = np.zeros((nb, *extents, C), t.dtype)
+    dst, src = [], []
+    for m, e, b in zip(sizes, extents, begin):
+        lo, hi = max(0, b), min(e, b + m)
+        if hi <= lo:
+            return g.reshape(-1, C)
+        dst.append(slice(lo, hi))
+        src.append(slice(lo - b, hi - b))
+    g[(slice(None), *dst)] = t[(slice(n0, n1), *src)]
+    return g.reshape(-1, C)
+
+
+def _last_row(nb, extents, last) -> int:
+    """Rows needed to cover every valid position ``< last`` of ``nb`` samples."""
+    if nb == 0 or any(v <= 0 for v in last):
+        return 0
+    return (nb - 1) * math.prod(extents) + _flat([v - 1 for v in last], extents) + 1
+
+
+def _batch_blocks(geom: ConvGeometry, op: str, itemsize: int):
+    per_sample = workspace_rows(geom, op) * max(geom.c, geom.o) * itemsize
+    nb = max(1, min(geom.n, settings.workspace_bytes() // max(1, per_sample)))
+    return [(n0, min(geom.n, n0 + nb)) for n0 in range(0, geom.n, nb)]
+
+
+def fits(geom: ConvGeometry, op: str, itemsize: int) -> bool:
+    per_sample = workspace_rows(geom, op) * max(geom.c, geom.o) * itemsize
+    return per_sample <= settings.workspace_bytes()
+
+
+def _empty(geom: ConvGeometry) -> bool:
+    return 0 in (geom.n, geom.c, geom.o, *geom.kernel, *geom.in_sizes, *geom.out_sizes)
+
+
+# -- the three ops (channels last: x (N,*S,C), w (*K,C/G,O), y (N,*OS,O)) ---------
+
+def fwd(x, w, geom: ConvGeometry):
+    taps, extents, phases = _forward_grid(geom)
+    G, O = geom.groups, geom.o
+    y = np.empty((geom.n, *geom.out_sizes, O), x.dtype)
+    if _empty(geom):
+        y[...] = 0
+        return y
+    wt = w.reshape(-1, geom.c // G, O)
+    direct = tuple(extents) == geom.out_sizes
+    for n0, n1 in _batch_blocks(geom, "fwd", x.itemsize):
+        nb = n1 - n0
+        inputs = _input_phases(x, geom, extents, phases, n0, n1)
+        tl = [(phases.index(r), _flat(q, extents), wt[idx]) for idx, r, q in taps]
+        if direct:
+            _gather(inputs, tl, y[n0:n1].reshape(-1, O), nb * math.prod(extents), G)
+        else:
+            grid = np.empty((nb, *extents, O), x.dtype)
+            _gather(inputs, tl, grid.reshape(-1, O), _last_row(nb, extents, geom.out_sizes), G)
+            y[n0:n1] = grid[(slice(None), *(slice(0, m) for m in geom.out_sizes))]
+    return y
+
+
+def wgrad(x, dy, geom: ConvGeometry):
+    taps, extents, phases = _forward_grid(geom)
+    G, O, cg = geom.groups, geom.o, geom.c // geom.groups
+    T = len(taps)
+    result = np.zeros((*geom.kernel, cg, O), x.dtype)
+    dw = result.reshape(T, cg, O)
+    if _empty(geom):
+        return result
+    blocks = _batch_blocks(geom, "wgrad", x.itemsize)
+    part = np.empty_like(dw) if len(blocks) > 1 else dw
+    for bi, (n0, n1) in enumerate(blocks):
+        inputs = _input_phases(x, geom, extents, phases, n0, n1)
+        dyg = _embed(dy, n0, n1, extents, [0] * geom.spatial_rank)
+        P = _last_row(n1 - n0, extents, geom.out_sizes)
+        tl = [(phases.index(r), _flat(q, extents), None) for idx, r, q in taps]
+        if P == 0:
+            part[...] = 0
+        else:
+            _wgrad_core(inputs, tl, dyg, P, G, part)
+        if part is not dw:
+            dw += part
+    return result
+
+
+def _dgrad_plan(geom: ConvGeometry):
+    """Output-phase grids of the data gradient.
+
+    Per axis: ``B = floor(pb/s)``; phase grid index ``u`` is ``j = u + B``
+    (padded input position ``j*s + r``); ``U`` covers every ``j`` with an input
+    position; ``dy`` sits at ``Qmax - B`` on a grid of ``U + Qmax``."""
+    taps = _taps(geom)
+    rank = geom.spatial_rank
+    qmax = tuple(max(q[i] for _, _, q in taps) for i in range(rank))
+    B = tuple(pb // s for pb, s in zip(geom.pads_begin, geom.strides))
+    J = tuple(-(-(L + pb) // s) for L, pb, s in zip(geom.in_sizes, geom.pads_begin,
+                                                    geom.strides))
+    U = tuple(max(0, j - b) for j, b in zip(J, B))
+    extents = tuple(u + qm for u, qm in zip(U, qmax))
+    begin = tuple(qm - b for qm, b in zip(qmax, B))
+    phases = list(itertools.product(*(range(s) for s in geom.strides)))
+    return taps, qmax, B, U, extents, begin, phases
+
+
+def dgrad(w, dy, geom: ConvGeometry):
+    taps, qmax, B, U, extents, begin, phases = _dgrad_plan(geom)
+    G, C, cg = geom.groups, geom.c, geom.c // geom.groups
+    O = geom.o
+    if _empty(geom):
+        return np.zeros((geom.n, *geom.in_sizes, C), w.dtype)
+    # W_t^T per group: (O/G, C/G) blocks -> one (O/G, C) matrix per tap.
+    wt = w.reshape(-1, cg, O)
+    og = O // G
+    wT = np.empty((len(taps), og, C), w.dtype)
+    for g in range(G):
+        wT[:, :, g * cg:(g + 1) * cg] = wt[:, :, g * og:(g + 1) * og].transpose(0, 2, 1)
+    dx = np.zeros((geom.n, *geom.in_sizes, C), w.dtype)
+    single = len(phases) == 1 and tuple(extents) == geom.in_sizes and tuple(U) == geom.in_sizes
+    for n0, n1 in _batch_blocks(geom, "dgrad", w.itemsize):
+        nb = n1 - n0
+        dyg = _embed(dy, n0, n1, extents, begin)
+        grid = None if single else np.empty((nb, *extents, C), w.dtype)
+        for r in phases:
+            tl = [(0, _flat([qm - qi for qm, qi in zip(qmax, q)], extents), wT[idx])
+                  for idx, rr, q in taps if rr == r]
+            sel = []
+            for L, s, ri, pb, u, b in zip(geom.in_sizes, geom.strides, r, geom.pads_begin,
+                                          U, B):
+                sl = _phase_copy(L, s, ri, pb, u, b)
+                if sl is None:
+                    break
+                sel.append(sl)
+            else:
+                if not tl:
+                    continue                                  # no tap reaches: zeros
+                if single:
+                    _gather([dyg], tl, dx[n0:n1].reshape(-1, C), nb * math.prod(extents), G)
+                    continue
+                last = [s_[0].stop for s_ in sel]
+                _gather([dyg], tl, grid.reshape(-1, C), _last_row(nb, extents, last), G)
+                dx[(slice(n0, n1), *(s_[1] for s_ in sel))] = \
+                    grid[(slice(None), *(s_[0] for s_ in sel))]
+    return dx
