@@ -83,6 +83,32 @@ def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float = 0.0) -> None
        c.ctypes.data, ctypes.byref(i(dc[1])))
 
 
+# -- scratch buffers -----------------------------------------------------------
+
+SCRATCH_BYTES = 128 * 2**20      # per thread: temporaries up to this size are reused
+_local = threading.local()
+
+
+def scratch(key: str, shape, dtype, zero: bool) -> np.ndarray:
+    """A temporary array reused across calls of this thread (fresh memory costs
+    a page fault per 4 KiB on first touch, often more than the compute).
+    Never returned to callers; larger requests get fresh memory."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes > SCRATCH_BYTES:
+        return np.zeros(shape, dtype) if zero else np.empty(shape, dtype)
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = {}
+    buf = bufs.get(key)
+    if buf is None or buf.nbytes < nbytes:
+        buf = bufs[key] = np.empty(max(nbytes, 64), np.uint8)
+    out = buf[:nbytes].view(dtype).reshape(shape)
+    if zero:
+        out.fill(0)
+    return out
+
+
 # -- worker pool --------------------------------------------------------------
 
 _pool_lock = threading.Lock()

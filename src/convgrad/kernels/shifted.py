@@ -32,7 +32,7 @@ import numpy as np
 
 from .. import settings
 from ..geometry import ConvGeometry
-from ._blas import gemm, run_parallel, workers
+from ._blas import gemm, run_parallel, scratch, workers
 
 ROW_BLOCK = 1024           # rows per chunk of a weight-gradient GEMM
 BLOCK_BYTES = 512 * 1024   # bytes of input + output rows per data-/forward GEMM block
@@ -144,10 +144,15 @@ def _wgrad_core(inputs, taps, dyg, P, groups, dw):
     cin = dw.shape[1]
     cout = dw.shape[2] // groups
     nw = workers()
-    chunks = 1 if (T >= 4 * nw or P < 2 * ROW_BLOCK) else max(1, min(-(-4 * nw // T),
-                                                                     P // ROW_BLOCK))
+    if P < 2 * ROW_BLOCK:
+        chunks = 1
+    elif T >= 4 * nw:
+        chunks = nw // math.gcd(T, nw)          # tasks divide evenly among workers
+    else:
+        chunks = max(1, min(-(-4 * nw // T), P // ROW_BLOCK))
     bounds = [round(P * c / chunks) for c in range(chunks + 1)]
-    parts = np.empty((chunks,) + dw.shape, dw.dtype) if chunks > 1 else dw[None]
+    parts = scratch("parts", (chunks,) + dw.shape, dw.dtype, zero=False) if chunks > 1 \
+        else dw[None]
 
     def task(t, c):
         def run():
@@ -170,7 +175,7 @@ def _input_phases(x, geom: ConvGeometry, extents, phases, n0, n1):
     nb, C = n1 - n0, x.shape[-1]
     if _identity_grid(geom, extents, phases):
         return [x[n0:n1].reshape(-1, C)]
-    grids = np.zeros((len(phases), nb, *extents, C), x.dtype)
+    grids = scratch("phases", (len(phases), nb, *extents, C), x.dtype, zero=True)
     for pi, r in enumerate(phases):
         dst, src = [], []
         for L, s, ri, pb, e in zip(geom.in_sizes, geom.strides, r, geom.pads_begin, extents):
@@ -184,14 +189,14 @@ def _input_phases(x, geom: ConvGeometry, extents, phases, n0, n1):
     return [g.reshape(-1, C) for g in grids]
 
 
-def _embed(t, n0, n1, extents, begin):
+def _embed(t, n0, n1, extents, begin, key="embed"):
     """``t[n0:n1]`` (nb, *M, C) placed at ``begin`` (may be negative: cropped)
     on a zero grid of ``extents``, flattened to rows."""
     nb, C = n1 - n0, t.shape[-1]
     sizes = t.shape[1:-1]
     if all(b == 0 for b in begin) and tuple(extents) == tuple(sizes):
         return t[n0:n1].reshape(-1, C)
-    g = np.zeros((nb, *extents, C), t.dtype)
+    g = scratch(key, (nb, *extents, C), t.dtype, zero=True)
     dst, src = [], []
     for m, e, b in zip(sizes, extents, begin):
         lo, hi = max(0, b), min(e, b + m)
@@ -243,7 +248,7 @@ def fwd(x, w, geom: ConvGeometry):
         if direct:
             _gather(inputs, tl, y[n0:n1].reshape(-1, O), nb * math.prod(extents), G)
         else:
-            grid = np.empty((nb, *extents, O), x.dtype)
+            grid = scratch("out", (nb, *extents, O), x.dtype, zero=False)
             _gather(inputs, tl, grid.reshape(-1, O), _last_row(nb, extents, geom.out_sizes), G)
             y[n0:n1] = grid[(slice(None), *(slice(0, m) for m in geom.out_sizes))]
     return y
@@ -309,7 +314,7 @@ def dgrad(w, dy, geom: ConvGeometry):
     for n0, n1 in _batch_blocks(geom, "dgrad", w.itemsize):
         nb = n1 - n0
         dyg = _embed(dy, n0, n1, extents, begin)
-        grid = None if single else np.empty((nb, *extents, C), w.dtype)
+        grid = None if single else scratch("out", (nb, *extents, C), w.dtype, zero=False)
         for r in phases:
             tl = [(0, _flat([qm - qi for qm, qi in zip(qmax, q)], extents), wT[idx])
                   for idx, rr, q in taps if rr == r]
