@@ -35,20 +35,68 @@ def test_kernel_matches_naive(algo, case, rng):
         assert_close(ops.run_kernel(kernel, *args, geom, np.float64), want, np.float64)
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
-@pytest.mark.parametrize("workspace", [None, 1])
-def test_im2col_matches_reference_canonical_api(case, workspace, rng):
+FAST = [name for name in kernels.names() if name != "reference"]
+
+
+def _three_ops(x, w, dy, kw, only=None):
+    calls = (lambda: convgrad.conv_forward(x, w, **kw),
+             lambda: convgrad.conv_weight_grad(x, dy, w.shape, **kw),
+             lambda: convgrad.conv_data_grad(w, dy, x.shape, **kw))
+    return [c() if only in (None, i) else None for i, c in enumerate(calls)]
+
+
+def _check_kernel_against_reference(algo, case, workspace, rng):
     x, w, dy = arrays(case, rng, np.float32)
     kw = attrs(case)
     with convgrad.config(algo="reference"):
-        want = (convgrad.conv_forward(x, w, **kw), convgrad.conv_weight_grad(x, dy, w.shape, **kw),
-                convgrad.conv_data_grad(w, dy, x.shape, **kw))
-    with convgrad.config(algo="im2col", workspace_bytes=workspace):
-        got = (convgrad.conv_forward(x, w, **kw), convgrad.conv_weight_grad(x, dy, w.shape, **kw),
-               convgrad.conv_data_grad(w, dy, x.shape, **kw))
-    for g, r in zip(got, want):
+        want = _three_ops(x, w, dy, kw)
+    geom = geometry(case)
+    ran = 0
+    for i, (op, r) in enumerate(zip(("fwd", "wgrad", "dgrad"), want)):
+        with convgrad.config(algo=algo, workspace_bytes=workspace):
+            why = dict((k.name, why) for k, why in kernels.candidates(op, geom, np.float32))
+            if why[algo] is not None:
+                continue
+            g = _three_ops(x, w, dy, kw, only=i)[i]
         assert g.dtype == np.float32
         assert_close(g, r, np.float32)
+        ran += 1
+    return ran
+
+
+@pytest.mark.parametrize("algo", FAST)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("workspace", [None, 1])
+def test_fast_kernels_match_reference_canonical_api(algo, case, workspace, rng):
+    _check_kernel_against_reference(algo, case, workspace, rng)
+
+
+# Larger problems: several row blocks and weight-gradient chunks per worker, and
+# (with a small workspace) several batch blocks.
+def _case(**kw):
+    kw["out_sizes"] = tuple(
+        (L + b + e - (k - 1) * d - 1) // s + 1 for L, k, s, d, b, e in zip(
+            kw["in_sizes"], kw["kernel"], kw["strides"], kw["dilations"], kw["pads_begin"],
+            kw["pads_end"]))
+    return kw
+
+
+MEDIUM = [_case(n=3, c=6, o=4, groups=1, in_sizes=(37, 41), kernel=(3, 3),
+               strides=(1, 1), dilations=(1, 1), pads_begin=(1, 1), pads_end=(1, 1)),
+          _case(n=2, c=8, o=6, groups=2, in_sizes=(50, 45), kernel=(3, 2),
+               strides=(2, 2), dilations=(2, 1), pads_begin=(2, 0), pads_end=(1, 1)),
+          _case(n=4, c=3, o=5, groups=1, in_sizes=(3000,), kernel=(3,),
+               strides=(1,), dilations=(8,), pads_begin=(7,), pads_end=(7,)),
+          _case(n=2, c=4, o=4, groups=1, in_sizes=(12, 13, 11), kernel=(3, 3, 3),
+               strides=(2, 2, 2), dilations=(1, 1, 1), pads_begin=(1, 1, 1),
+               pads_end=(1, 2, 2))]
+
+
+@pytest.mark.parametrize("algo", FAST)
+@pytest.mark.parametrize("case", MEDIUM, ids=case_id)
+@pytest.mark.parametrize("workspace", [None, 150_000])
+def test_fast_kernels_on_larger_problems(algo, case, workspace, rng):
+    assert _check_kernel_against_reference(algo, case, workspace, rng) > 0
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16, bfloat16],

@@ -70,6 +70,11 @@ def select(op: str, geom: ConvGeometry, dtype, algo: str = "auto") -> Kernel:
     """The highest-priority kernel that supports the problem, or the named one."""
     found = candidates(op, geom, dtype)
     if algo == "auto":
+        from .chooser import preference
+        usable = {k.name: k for k, reason in found if reason is None}
+        for name in preference(op, geom):
+            if name in usable:
+                return usable[name]
         for kernel, reason in found:
             if reason is None:
                 return kernel

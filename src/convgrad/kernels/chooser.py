@@ -1,0 +1,46 @@
+"""The selector behind ``algo="auto"``: which kernel to try first for a problem.
+
+Rules, from the measurements in ``benchmarks/`` (float32, 2 threads):
+
+- groups with few channels per group (depthwise, ResNeXt-like) are not
+  GEMM-shaped: the direct kernel, when it is available;
+- otherwise the shifted-GEMM kernel, unless its grid wastes too much work:
+  its GEMMs run over every grid row, and at small spatial sizes with padding
+  the grid is much larger than the output (7x7 with pad 1: 9x9, +65%); there
+  im2col's one copy and one large GEMM win.
+
+The first kernel in the preference list that supports the problem runs; if
+none does, the registry's priority order decides.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..geometry import ConvGeometry
+
+SMALL_GROUP = 64          # (C/G) * (O/G) at or below this: the direct kernel
+WASTE_LIMIT = 1.5         # shifted grid rows / output positions above this: im2col
+
+
+def grid_waste(op: str, geom: ConvGeometry) -> float:
+    """Rows the shifted kernel computes per useful output row."""
+    from . import shifted
+    if op == "dgrad":
+        *_, extents, _, phases = shifted._dgrad_plan(geom)
+        useful = math.prod(geom.in_sizes)
+        rows = math.prod(extents) * len(phases)
+    else:
+        _, extents, _ = shifted._forward_grid(geom)
+        useful = math.prod(geom.out_sizes)
+        rows = math.prod(extents)
+    return rows / max(1, useful)
+
+
+def preference(op: str, geom: ConvGeometry) -> list[str]:
+    cg, og = geom.c // geom.groups, geom.o // geom.groups
+    if geom.groups > 1 and cg * og <= SMALL_GROUP:
+        return ["direct", "shifted", "im2col"]
+    if grid_waste(op, geom) > WASTE_LIMIT:
+        return ["im2col", "shifted"]
+    return ["shifted", "im2col"]
