@@ -104,8 +104,8 @@ def _row_blocks(P: int, per_task: int):
 def _gather(inputs, taps, out, P, groups):
     """``out[p, :] = sum_t inputs[i_t][p + off_t, :] @ W_t`` for ``p < P``.
 
-    ``taps``: (input index, row offset, W (C/G, O) with per-group column
-    blocks); ``out`` (rows >= P, O) is fully written for rows < P."""
+    ``taps``: (input index, row offset, W (C/G, OC) with per-group column
+    blocks); ``out`` (rows >= P, OC) is fully written for rows < P."""
     if P <= 0:
         return
     cin = inputs[0].shape[1] // groups if inputs else 0
@@ -136,7 +136,7 @@ def _block_rows(P: int, row_bytes: int) -> int:
 
 def _wgrad_core(inputs, taps, dyg, P, groups, dw):
     """``dw[t] = sum_p inputs[i_t][p + off_t]^T @ dyg[p]`` over ``p < P``;
-    ``dw`` (T, C/G, O).  Tasks are (tap, row chunk); chunk partials are summed
+    ``dw`` (T, C/G, OC).  Tasks are (tap, row chunk); chunk partials are summed
     in a fixed order."""
     T = len(taps)
     if T == 0:
@@ -230,41 +230,41 @@ def _empty(geom: ConvGeometry) -> bool:
     return 0 in (geom.n, geom.c, geom.o, *geom.kernel, *geom.in_sizes, *geom.out_sizes)
 
 
-# -- the three ops (channels last: x (N,*S,C), w (*K,C/G,O), y (N,*OS,O)) ---------
+# -- the three ops (channels last: x (N,*S,C), w (*K,C/G,OC), y (N,*OS,OC)) ---------
 
 def fwd(x, w, geom: ConvGeometry):
     taps, extents, phases = _forward_grid(geom)
-    G, O = geom.groups, geom.o
-    y = np.empty((geom.n, *geom.out_sizes, O), x.dtype)
+    G, OC = geom.groups, geom.o
+    y = np.empty((geom.n, *geom.out_sizes, OC), x.dtype)
     if _empty(geom):
         y[...] = 0
         return y
-    wt = w.reshape(-1, geom.c // G, O)
+    wt = w.reshape(-1, geom.c // G, OC)
     direct = tuple(extents) == geom.out_sizes
     for n0, n1 in _batch_blocks(geom, "fwd", x.itemsize):
         nb = n1 - n0
         inputs = _input_phases(x, geom, extents, phases, n0, n1)
         tl = [(phases.index(r), _flat(q, extents), wt[idx]) for idx, r, q in taps]
         if direct:
-            _gather(inputs, tl, y[n0:n1].reshape(-1, O), nb * math.prod(extents), G)
+            _gather(inputs, tl, y[n0:n1].reshape(-1, OC), nb * math.prod(extents), G)
         else:
-            grid = scratch("out", (nb, *extents, O), x.dtype, zero=False)
-            _gather(inputs, tl, grid.reshape(-1, O), _last_row(nb, extents, geom.out_sizes), G)
+            grid = scratch("out", (nb, *extents, OC), x.dtype, zero=False)
+            _gather(inputs, tl, grid.reshape(-1, OC), _last_row(nb, extents, geom.out_sizes), G)
             y[n0:n1] = grid[(slice(None), *(slice(0, m) for m in geom.out_sizes))]
     return y
 
 
 def wgrad(x, dy, geom: ConvGeometry):
     taps, extents, phases = _forward_grid(geom)
-    G, O, cg = geom.groups, geom.o, geom.c // geom.groups
+    G, OC, cg = geom.groups, geom.o, geom.c // geom.groups
     T = len(taps)
-    result = np.zeros((*geom.kernel, cg, O), x.dtype)
-    dw = result.reshape(T, cg, O)
+    result = np.zeros((*geom.kernel, cg, OC), x.dtype)
+    dw = result.reshape(T, cg, OC)
     if _empty(geom):
         return result
     blocks = _batch_blocks(geom, "wgrad", x.itemsize)
     part = np.empty_like(dw) if len(blocks) > 1 else dw
-    for bi, (n0, n1) in enumerate(blocks):
+    for n0, n1 in blocks:
         inputs = _input_phases(x, geom, extents, phases, n0, n1)
         dyg = _embed(dy, n0, n1, extents, [0] * geom.spatial_rank)
         P = _last_row(n1 - n0, extents, geom.out_sizes)
@@ -300,12 +300,12 @@ def _dgrad_plan(geom: ConvGeometry):
 def dgrad(w, dy, geom: ConvGeometry):
     taps, qmax, B, U, extents, begin, phases = _dgrad_plan(geom)
     G, C, cg = geom.groups, geom.c, geom.c // geom.groups
-    O = geom.o
+    OC = geom.o
     if _empty(geom):
         return np.zeros((geom.n, *geom.in_sizes, C), w.dtype)
     # W_t^T per group: (O/G, C/G) blocks -> one (O/G, C) matrix per tap.
-    wt = w.reshape(-1, cg, O)
-    og = O // G
+    wt = w.reshape(-1, cg, OC)
+    og = OC // G
     wT = np.empty((len(taps), og, C), w.dtype)
     for g in range(G):
         wT[:, :, g * cg:(g + 1) * cg] = wt[:, :, g * og:(g + 1) * og].transpose(0, 2, 1)
