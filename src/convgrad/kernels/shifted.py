@@ -36,6 +36,7 @@ from ._blas import gemm, run_parallel, scratch, workers
 
 ROW_BLOCK = 1024           # rows per chunk of a weight-gradient GEMM
 BLOCK_BYTES = 512 * 1024   # bytes of input + output rows per data-/forward GEMM block
+WGRAD_L2_BYTES = 1 << 20   # weight gradients up to this size are accumulated per row block
 
 
 # -- problem decomposition (integers only) -------------------------------------------
@@ -136,15 +137,23 @@ def _block_rows(P: int, row_bytes: int) -> int:
 
 def _wgrad_core(inputs, taps, dyg, P, groups, dw):
     """``dw[t] = sum_p inputs[i_t][p + off_t]^T @ dyg[p]`` over ``p < P``;
-    ``dw`` (T, C/G, OC).  Tasks are (tap, row chunk); chunk partials are summed
-    in a fixed order."""
+    ``dw`` (T, C/G, OC).
+
+    Small ``dw`` (it stays in L2): tasks are row chunks, each running every
+    tap over cache-sized row blocks into its own partial ``dw`` (the rows of
+    ``x`` and ``dy`` are read from memory once).  Large ``dw``: tasks are
+    (tap, row chunk) GEMMs, big enough on their own.  Partials are summed in
+    a fixed order, so scheduling never changes the result."""
     T = len(taps)
     if T == 0:
         return
     cin = dw.shape[1]
     cout = dw.shape[2] // groups
     nw = workers()
-    if P < 2 * ROW_BLOCK:
+    by_rows = dw.nbytes <= WGRAD_L2_BYTES
+    if by_rows:
+        chunks = max(1, min(nw, P // ROW_BLOCK)) if nw > 1 else 1
+    elif P < 2 * ROW_BLOCK:
         chunks = 1
     elif T >= 4 * nw:
         chunks = nw // math.gcd(T, nw)          # tasks divide evenly among workers
@@ -154,16 +163,30 @@ def _wgrad_core(inputs, taps, dyg, P, groups, dw):
     parts = scratch("parts", (chunks,) + dw.shape, dw.dtype, zero=False) if chunks > 1 \
         else dw[None]
 
-    def task(t, c):
+    def gemm_tap(c, t, r0, r1, beta):
+        i, off, _ = taps[t]
+        for g in range(groups):
+            gemm(inputs[i][r0 + off:r1 + off, g * cin:(g + 1) * cin].T,
+                 dyg[r0:r1, g * cout:(g + 1) * cout], parts[c, t, :, g * cout:(g + 1) * cout],
+                 beta=beta)
+
+    def chunk_task(c):
         def run():
-            i, off, _ = taps[t]
             r0, r1 = bounds[c], bounds[c + 1]
-            for g in range(groups):
-                gemm(inputs[i][r0 + off:r1 + off, g * cin:(g + 1) * cin].T,
-                     dyg[r0:r1, g * cout:(g + 1) * cout], parts[c, t, :, g * cout:(g + 1) * cout])
+            step = max(128, BLOCK_BYTES // max(1, (inputs[0].shape[1] + dyg.shape[1])
+                                                 * dw.itemsize))
+            for b0 in range(r0, r1, step):
+                for t in range(T):
+                    gemm_tap(c, t, b0, min(r1, b0 + step), 0.0 if b0 == r0 else 1.0)
         return run
 
-    run_parallel(task(t, c) for t in range(T) for c in range(chunks))
+    def tap_task(t, c):
+        return lambda: gemm_tap(c, t, bounds[c], bounds[c + 1], 0.0)
+
+    if by_rows:
+        run_parallel(chunk_task(c) for c in range(chunks))
+    else:
+        run_parallel(tap_task(t, c) for t in range(T) for c in range(chunks))
     if chunks > 1:
         np.sum(parts, axis=0, out=dw)
 
