@@ -50,8 +50,9 @@ def run_kernel(kernel: kernels.Kernel, a: np.ndarray, b: np.ndarray, geom: ConvG
         return kernel.fn(a, b, geom)
     # Channels last: a view of a channels-last caller array is contiguous
     # again here, so NXC/XIO callers pay no layout copy.
-    a, b = (np.ascontiguousarray(to_nxc(t, is_w), dtype=cdt)
-            for t, is_w in zip((a, b), _WEIGHT_ARGS[kind]))
+    a, b = (to_nxc(t, is_w) for t, is_w in zip((a, b), _WEIGHT_ARGS[kind]))
+    if not kernel.converts or np.dtype(cdt).kind != "f":
+        a, b = (np.ascontiguousarray(t, dtype=cdt) for t in (a, b))
     out = kernel.fn(a, b, geom)
     return from_nxc(out, kind == "wgrad")
 

@@ -10,6 +10,11 @@ spec names or auto_pad.
 - ``"nxc"``: data ``(N, *S, C)``, weights ``(*K, C/G, O)`` (channels last:
   oneDNN's NXC/XIO and TensorFlow's NHWC/HWIO, reached without a copy).
 
+A kernel registered with ``converts=True`` instead receives views of the
+caller's arrays in that layout, in their own float dtype and strides, and
+returns its result in the compute dtype: it folds the dtype conversion and
+layout change into the copies it makes anyway.
+
 Op keys and signatures (the three are adjoint to each other, see ``ops``):
 
 - ``"fwd"``:   ``fn(x, w, geom) -> y``
@@ -41,6 +46,7 @@ class Kernel:
     supports: Callable[[ConvGeometry, np.dtype], "str | None"]
     priority: int
     layout: str = "ncx"
+    converts: bool = False   # takes strided views in the caller's float dtype
 
 
 _REGISTRY: dict[str, list[Kernel]] = {op: [] for op in OPS}
@@ -109,7 +115,7 @@ def _register_builtin() -> None:
         register(Kernel("reference", op, getattr(reference, op), _always, priority=0))
         register(Kernel("im2col", op, getattr(im2col, op), _always, priority=10))
         register(Kernel("shifted", op, getattr(shifted, op), _blas_float(op), priority=30,
-                        layout="nxc"))
+                        layout="nxc", converts=True))
 
 
 _register_builtin()

@@ -193,12 +193,13 @@ def _wgrad_core(inputs, taps, dyg, P, groups, dw):
 
 # -- grids ----------------------------------------------------------------------
 
-def _input_phases(x, geom: ConvGeometry, extents, phases, n0, n1):
-    """Phase grids of ``x[n0:n1]`` flattened to rows: list of (rows, C)."""
+def _input_phases(x, geom: ConvGeometry, extents, phases, n0, n1, cdt):
+    """Phase grids of ``x[n0:n1]`` flattened to rows: list of (rows, C), in
+    the compute dtype (the copy onto the grid converts)."""
     nb, C = n1 - n0, x.shape[-1]
     if _identity_grid(geom, extents, phases):
-        return [x[n0:n1].reshape(-1, C)]
-    grids = scratch("phases", (len(phases), nb, *extents, C), x.dtype, zero=True)
+        return [np.ascontiguousarray(x[n0:n1], dtype=cdt).reshape(-1, C)]
+    grids = scratch("phases", (len(phases), nb, *extents, C), cdt, zero=True)
     for pi, r in enumerate(phases):
         dst, src = [], []
         for L, s, ri, pb, e in zip(geom.in_sizes, geom.strides, r, geom.pads_begin, extents):
@@ -212,14 +213,14 @@ def _input_phases(x, geom: ConvGeometry, extents, phases, n0, n1):
     return [g.reshape(-1, C) for g in grids]
 
 
-def _embed(t, n0, n1, extents, begin, key="embed"):
+def _embed(t, n0, n1, extents, begin, cdt, key="embed"):
     """``t[n0:n1]`` (nb, *M, C) placed at ``begin`` (may be negative: cropped)
     on a zero grid of ``extents``, flattened to rows."""
     nb, C = n1 - n0, t.shape[-1]
     sizes = t.shape[1:-1]
     if all(b == 0 for b in begin) and tuple(extents) == tuple(sizes):
-        return t[n0:n1].reshape(-1, C)
-    g = scratch(key, (nb, *extents, C), t.dtype, zero=True)
+        return np.ascontiguousarray(t[n0:n1], dtype=cdt).reshape(-1, C)
+    g = scratch(key, (nb, *extents, C), cdt, zero=True)
     dst, src = [], []
     for m, e, b in zip(sizes, extents, begin):
         lo, hi = max(0, b), min(e, b + m)
@@ -255,23 +256,33 @@ def _empty(geom: ConvGeometry) -> bool:
 
 # -- the three ops (channels last: x (N,*S,C), w (*K,C/G,OC), y (N,*OS,OC)) ---------
 
+def compute_dtype(*arrays) -> np.dtype:
+    """Inputs may arrive in their own float dtype and strides (the kernel
+    converts while it copies onto its grids): float64 stays, the rest
+    computes in float32."""
+    f64 = any(a.dtype == np.float64 for a in arrays)
+    return np.dtype(np.float64 if f64 else np.float32)
+
+
 def fwd(x, w, geom: ConvGeometry):
+    cdt = compute_dtype(x, w)
+    w = np.ascontiguousarray(w, dtype=cdt)
     taps, extents, phases = _forward_grid(geom)
     G, OC = geom.groups, geom.o
-    y = np.empty((geom.n, *geom.out_sizes, OC), x.dtype)
+    y = np.empty((geom.n, *geom.out_sizes, OC), cdt)
     if _empty(geom):
         y[...] = 0
         return y
     wt = w.reshape(-1, geom.c // G, OC)
     direct = tuple(extents) == geom.out_sizes
-    for n0, n1 in _batch_blocks(geom, "fwd", x.itemsize):
+    for n0, n1 in _batch_blocks(geom, "fwd", cdt.itemsize):
         nb = n1 - n0
-        inputs = _input_phases(x, geom, extents, phases, n0, n1)
+        inputs = _input_phases(x, geom, extents, phases, n0, n1, cdt)
         tl = [(phases.index(r), _flat(q, extents), wt[idx]) for idx, r, q in taps]
         if direct:
             _gather(inputs, tl, y[n0:n1].reshape(-1, OC), nb * math.prod(extents), G)
         else:
-            grid = scratch("out", (nb, *extents, OC), x.dtype, zero=False)
+            grid = scratch("out", (nb, *extents, OC), cdt, zero=False)
             _gather(inputs, tl, grid.reshape(-1, OC), _last_row(nb, extents, geom.out_sizes), G)
             y[n0:n1] = grid[(slice(None), *(slice(0, m) for m in geom.out_sizes))]
     return y
@@ -281,15 +292,16 @@ def wgrad(x, dy, geom: ConvGeometry):
     taps, extents, phases = _forward_grid(geom)
     G, OC, cg = geom.groups, geom.o, geom.c // geom.groups
     T = len(taps)
-    result = np.zeros((*geom.kernel, cg, OC), x.dtype)
+    cdt = compute_dtype(x, dy)
+    result = np.zeros((*geom.kernel, cg, OC), cdt)
     dw = result.reshape(T, cg, OC)
     if _empty(geom):
         return result
-    blocks = _batch_blocks(geom, "wgrad", x.itemsize)
+    blocks = _batch_blocks(geom, "wgrad", cdt.itemsize)
     part = np.empty_like(dw) if len(blocks) > 1 else dw
     for n0, n1 in blocks:
-        inputs = _input_phases(x, geom, extents, phases, n0, n1)
-        dyg = _embed(dy, n0, n1, extents, [0] * geom.spatial_rank)
+        inputs = _input_phases(x, geom, extents, phases, n0, n1, cdt)
+        dyg = _embed(dy, n0, n1, extents, [0] * geom.spatial_rank, cdt)
         P = _last_row(n1 - n0, extents, geom.out_sizes)
         tl = [(phases.index(r), _flat(q, extents), None) for idx, r, q in taps]
         if P == 0:
@@ -325,19 +337,20 @@ def dgrad(w, dy, geom: ConvGeometry):
     G, C, cg = geom.groups, geom.c, geom.c // geom.groups
     OC = geom.o
     if _empty(geom):
-        return np.zeros((geom.n, *geom.in_sizes, C), w.dtype)
+        return np.zeros((geom.n, *geom.in_sizes, C), compute_dtype(w, dy))
+    cdt = compute_dtype(w, dy)
     # W_t^T per group: (O/G, C/G) blocks -> one (O/G, C) matrix per tap.
     wt = w.reshape(-1, cg, OC)
     og = OC // G
-    wT = np.empty((len(taps), og, C), w.dtype)
+    wT = np.empty((len(taps), og, C), cdt)
     for g in range(G):
         wT[:, :, g * cg:(g + 1) * cg] = wt[:, :, g * og:(g + 1) * og].transpose(0, 2, 1)
-    dx = np.zeros((geom.n, *geom.in_sizes, C), w.dtype)
+    dx = np.zeros((geom.n, *geom.in_sizes, C), cdt)
     single = len(phases) == 1 and tuple(extents) == geom.in_sizes and tuple(U) == geom.in_sizes
-    for n0, n1 in _batch_blocks(geom, "dgrad", w.itemsize):
+    for n0, n1 in _batch_blocks(geom, "dgrad", cdt.itemsize):
         nb = n1 - n0
-        dyg = _embed(dy, n0, n1, extents, begin)
-        grid = None if single else scratch("out", (nb, *extents, C), w.dtype, zero=False)
+        dyg = _embed(dy, n0, n1, extents, begin, cdt)
+        grid = None if single else scratch("out", (nb, *extents, C), cdt, zero=False)
         for r in phases:
             tl = [(0, _flat([qm - qi for qm, qi in zip(qmax, q)], extents), wT[idx])
                   for idx, rr, q in taps if rr == r]
