@@ -37,8 +37,6 @@ from ._blas import gemm, run_parallel, scratch, workers
 ROW_BLOCK = 1024           # rows per chunk of a weight-gradient GEMM
 BLOCK_BYTES = 512 * 1024   # bytes of input + output rows per data-/forward GEMM block
 WGRAD_L2_BYTES = 1 << 20   # weight gradients up to this size are accumulated per row block
-FOLD_TAPS = True           # one GEMM over a cache-sized local im2col instead of one per tap
-FOLD_BYTES = 768 * 1024    # size of that buffer
 
 
 # -- problem decomposition (integers only) -------------------------------------------
@@ -117,12 +115,6 @@ def _gather(inputs, taps, out, P, groups):
         out[:P] = 0
         return
 
-    T = len(taps)
-    if FOLD_TAPS and T > 1:
-        # W of all taps stacked on the inner dimension, per group: (T*C/G, OC/G)
-        wcat = [np.ascontiguousarray(np.concatenate(
-            [w[:, g * cout:(g + 1) * cout] for _, _, w in taps], axis=0)) for g in range(groups)]
-
     def block(r0, r1):
         def run():
             for g in range(groups):
@@ -132,24 +124,6 @@ def _gather(inputs, taps, out, P, groups):
                          w[:, g * cout:(g + 1) * cout], oc, beta=0.0 if j == 0 else 1.0)
         return run
 
-    def folded(r0, r1):
-        # The rows of every tap side by side in a cache-sized buffer (a local
-        # im2col), then one GEMM with the taps in its inner dimension.
-        def run():
-            step = max(16, FOLD_BYTES // (T * cin * out.itemsize))
-            buf = scratch("fold", (min(step, r1 - r0), T * cin), out.dtype, zero=False)
-            for g in range(groups):
-                for b0 in range(r0, r1, step):
-                    b1 = min(r1, b0 + step)
-                    bb = buf[:b1 - b0]
-                    for j, (i, off, _) in enumerate(taps):
-                        bb[:, j * cin:(j + 1) * cin] = \
-                            inputs[i][b0 + off:b1 + off, g * cin:(g + 1) * cin]
-                    gemm(bb, wcat[g], out[b0:b1, g * cout:(g + 1) * cout])
-        return run
-
-    if FOLD_TAPS and T > 1:
-        block = folded
     row_bytes = (inputs[0].shape[1] + out.shape[1]) * out.itemsize
     run_parallel(block(r0, r1) for r0, r1 in _row_blocks(P, _block_rows(P, row_bytes)))
 
@@ -205,29 +179,6 @@ def _wgrad_core(inputs, taps, dyg, P, groups, dw):
                 for t in range(T):
                     gemm_tap(c, t, b0, min(r1, b0 + step), 0.0 if b0 == r0 else 1.0)
         return run
-
-    def folded_task(c):
-        # Per cache-sized row block, the rows of every tap side by side (a
-        # local im2col), then one GEMM into all taps' gradients at once.
-        def run():
-            r0, r1 = bounds[c], bounds[c + 1]
-            step = max(16, FOLD_BYTES // (T * cin * dw.itemsize))
-            buf = scratch("fold", (min(step, r1 - r0), T * cin), dw.dtype, zero=False)
-            for g in range(groups):
-                gs = slice(g * cout, (g + 1) * cout)
-                target = parts[c, :, :, gs]
-                target.shape = (T * cin, cout)             # a view, never a copy
-                for b0 in range(r0, r1, step):
-                    b1 = min(r1, b0 + step)
-                    bb = buf[:b1 - b0]
-                    for j, (i, off, _) in enumerate(taps):
-                        bb[:, j * cin:(j + 1) * cin] = \
-                            inputs[i][b0 + off:b1 + off, g * cin:(g + 1) * cin]
-                    gemm(bb.T, dyg[b0:b1, gs], target, beta=0.0 if b0 == r0 else 1.0)
-        return run
-
-    if FOLD_TAPS and T > 1:
-        chunk_task = folded_task
 
     def tap_task(t, c):
         return lambda: gemm_tap(c, t, bounds[c], bounds[c + 1], 0.0)
