@@ -88,10 +88,11 @@ def _always(geom, dtype):
 
 
 def _register_builtin() -> None:
-    from . import im2col, reference
+    from . import direct, im2col, reference
     for op in OPS:
         register(Kernel("reference", op, getattr(reference, op), _always, priority=0))
         register(Kernel("im2col", op, getattr(im2col, op), _always, priority=10))
+        register(Kernel("direct", op, getattr(direct, op), direct.supports, 20, "nxc"))
 
 
 _register_builtin()

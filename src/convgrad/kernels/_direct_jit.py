@@ -1,0 +1,257 @@
+"""The numba loops of the direct kernel (see :mod:`convgrad.kernels.direct`).
+
+Everything here is 3-D and channels last, on flat (1-D) views: data
+``(N, D, H, W, C)``, weights ``(KD, KH, KW, C/G, O)``; lower ranks arrive
+with leading axes of size 1.  Sizes come as int64 arrays of length 3.
+
+Every output vector (one pixel's channels, or one tap's weight gradient) is
+a sum of products of channel vectors, ``out += sum_k A[a_k:] * B[b_k:]``:
+the loops first list the offsets ``(a_k, b_k)`` that contribute, then
+:func:`_accum` adds them four at a time with the channel index innermost, so
+the output vector is loaded and stored once per four products and LLVM
+vectorizes the channel loop.  Where a group holds more than one input or
+output channel, the rows that are read are first *expanded* (:func:`_expand`)
+so that what meets output channel ``o`` sits at index ``o``.
+
+Work is split over output rows (fwd, dgrad) or over a fixed, thread-count
+independent list of row chunks whose partial weight gradients are summed in
+chunk order (wgrad); each output vector sums its products in a fixed order:
+results are bitwise identical for any thread count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+_JIT = dict(cache=True, fastmath=False, nogil=True)
+
+
+@njit(**_JIT)
+def _accum(out, ob, A, ao, B, bo, m, n):
+    """``out[ob:ob+n] += sum_{k<m} A[ao[k]:ao[k]+n] * B[bo[k]:bo[k]+n]`` (k in order,
+    four products per pass)."""
+    o = out[ob:ob + n]
+    k = 0
+    while k + 4 <= m:
+        a0 = A[ao[k]:ao[k] + n]
+        a1 = A[ao[k + 1]:ao[k + 1] + n]
+        a2 = A[ao[k + 2]:ao[k + 2] + n]
+        a3 = A[ao[k + 3]:ao[k + 3] + n]
+        b0 = B[bo[k]:bo[k] + n]
+        b1 = B[bo[k + 1]:bo[k + 1] + n]
+        b2 = B[bo[k + 2]:bo[k + 2] + n]
+        b3 = B[bo[k + 3]:bo[k + 3] + n]
+        for c in range(n):
+            o[c] += (a0[c] * b0[c] + a1[c] * b1[c]) + (a2[c] * b2[c] + a3[c] * b3[c])
+        k += 4
+    r = m - k
+    if r == 3:
+        a0 = A[ao[k]:ao[k] + n]
+        a1 = A[ao[k + 1]:ao[k + 1] + n]
+        a2 = A[ao[k + 2]:ao[k + 2] + n]
+        b0 = B[bo[k]:bo[k] + n]
+        b1 = B[bo[k + 1]:bo[k + 1] + n]
+        b2 = B[bo[k + 2]:bo[k + 2] + n]
+        for c in range(n):
+            o[c] += (a0[c] * b0[c] + a1[c] * b1[c]) + a2[c] * b2[c]
+    elif r == 2:
+        a0 = A[ao[k]:ao[k] + n]
+        a1 = A[ao[k + 1]:ao[k + 1] + n]
+        b0 = B[bo[k]:bo[k] + n]
+        b1 = B[bo[k + 1]:bo[k + 1] + n]
+        for c in range(n):
+            o[c] += a0[c] * b0[c] + a1[c] * b1[c]
+    elif r == 1:
+        a0 = A[ao[k]:ao[k] + n]
+        b0 = B[bo[k]:bo[k] + n]
+        for c in range(n):
+            o[c] += a0[c] * b0[c]
+
+
+@njit(**_JIT)
+def _expand(src, s0, L, cs, dst, d0, k, cd, a, b):
+    """For ``l < L``, ``i < k``, ``o < cd``:
+    ``dst[d0 + (l*k + i)*cd + o] = src[s0 + l*cs + (o // a)*b + i]``."""
+    for l in range(L):
+        for i in range(k):
+            base = d0 + (l * k + i) * cd
+            for o in range(cd):
+                dst[base + o] = src[s0 + l * cs + (o // a) * b + i]
+
+
+@njit(**_JIT)
+def _range(off, s, n_out, n_in):
+    """Output positions ``[p0, p1)`` whose input ``p*s + off`` lies in ``[0, n_in)``."""
+    p0 = max(0, -(off // s))
+    p1 = min(n_out, (n_in - 1 - off) // s + 1)
+    return p0, max(p0, p1)
+
+
+@njit(parallel=True, **_JIT)
+def fwd(x, w, y, xs, ks, ys, C, O, s, d, pb, cg, og):
+    """``y[n, p, o] = sum_{t, i} x[n, p*s + t*d - pb, g(o)*cg + i] * w[t, i, o]``."""
+    N, D, H, W = xs[0], xs[1], xs[2], xs[3]
+    KD, KH, KW = ks[0], ks[1], ks[2]
+    OD, OH, OW = ys[1], ys[2], ys[3]
+    expand = cg > 1 or og > 1
+    rowlen = W * cg * O if expand else W * C      # one row of A
+    for r in prange(N * OD * OH):
+        n = r // (OD * OH)
+        pd = (r // OH) % OD
+        ph = r % OH
+        yb = r * OW * O
+        y[yb:yb + OW * O] = 0
+        buf = np.empty(KD * KH * rowlen if expand else 0, x.dtype)
+        A = buf if expand else x
+        rows = np.empty(KD * KH, np.int64)        # A offset of each valid (td, th), or -1
+        for td in range(KD):
+            qd = pd * s[0] + td * d[0] - pb[0]
+            for th in range(KH):
+                qh = ph * s[1] + th * d[1] - pb[1]
+                k = td * KH + th
+                rows[k] = -1
+                if qd < 0 or qd >= D or qh < 0 or qh >= H:
+                    continue
+                xb = ((n * D + qd) * H + qh) * W * C
+                if expand:
+                    _expand(x, xb, W, C, buf, k * rowlen, cg, O, og, cg)
+                    rows[k] = k * rowlen
+                else:
+                    rows[k] = xb
+        ao = np.empty(KD * KH * KW * cg, np.int64)
+        bo = np.empty(KD * KH * KW * cg, np.int64)
+        for p in range(OW):
+            m = 0
+            for k in range(KD * KH):
+                if rows[k] < 0:
+                    continue
+                for tw in range(KW):
+                    q = p * s[2] + tw * d[2] - pb[2]
+                    if q < 0 or q >= W:
+                        continue
+                    for i in range(cg):
+                        ao[m] = rows[k] + (q * cg + i) * O if expand else rows[k] + q * C
+                        bo[m] = ((k * KW + tw) * cg + i) * O
+                        m += 1
+            _accum(y, yb + p * O, A, ao, w, bo, m, O)
+    return y
+
+
+@njit(parallel=True, **_JIT)
+def dgrad(we, dy, dx, xs, ks, ys, C, O, s, d, pb, cg, og):
+    """``dx[n, q, c] = sum_{t, j} dy[n, p, g(c)*og + j] * we[t, j, c]`` over the
+    ``(p, t)`` with ``p*s + t*d - pb = q``; ``we[t, j, c] = w[t, c % cg, g(c)*og + j]``."""
+    N, D, H, W = xs[0], xs[1], xs[2], xs[3]
+    KD, KH, KW = ks[0], ks[1], ks[2]
+    OD, OH, OW = ys[1], ys[2], ys[3]
+    expand = cg > 1 or og > 1
+    rowlen = OW * og * C if expand else OW * O
+    for r in prange(N * D * H):
+        n = r // (D * H)
+        qd = (r // H) % D
+        qh = r % H
+        xb = r * W * C
+        dx[xb:xb + W * C] = 0
+        buf = np.empty(KD * KH * rowlen if expand else 0, dy.dtype)
+        A = buf if expand else dy
+        rows = np.empty(KD * KH, np.int64)
+        for td in range(KD):
+            nd = qd + pb[0] - td * d[0]
+            for th in range(KH):
+                nh = qh + pb[1] - th * d[1]
+                k = td * KH + th
+                rows[k] = -1
+                if (nd < 0 or nd % s[0] != 0 or nd // s[0] >= OD
+                        or nh < 0 or nh % s[1] != 0 or nh // s[1] >= OH):
+                    continue
+                yb = ((n * OD + nd // s[0]) * OH + nh // s[1]) * OW * O
+                if expand:
+                    _expand(dy, yb, OW, O, buf, k * rowlen, og, C, cg, og)
+                    rows[k] = k * rowlen
+                else:
+                    rows[k] = yb
+        ao = np.empty(KD * KH * KW * og, np.int64)
+        bo = np.empty(KD * KH * KW * og, np.int64)
+        for q in range(W):
+            m = 0
+            for k in range(KD * KH):
+                if rows[k] < 0:
+                    continue
+                for tw in range(KW):
+                    nw = q + pb[2] - tw * d[2]
+                    if nw < 0 or nw % s[2] != 0 or nw // s[2] >= OW:
+                        continue
+                    p = nw // s[2]
+                    for j in range(og):
+                        ao[m] = rows[k] + (p * og + j) * C if expand else rows[k] + p * O
+                        bo[m] = ((k * KW + tw) * og + j) * C
+                        m += 1
+            _accum(dx, xb + q * C, A, ao, we, bo, m, C)
+    return dx
+
+
+@njit(parallel=True, **_JIT)
+def wgrad_partials(x, dy, part, xs, ks, ys, C, O, s, d, pb, cg, og):
+    """``part[k, t, i, o]``: the sum over the rows of chunk ``k`` of
+    ``x[n, p*s + t*d - pb, g(o)*cg + i] * dy[n, p, o]``."""
+    N, D, H, W = xs[0], xs[1], xs[2], xs[3]
+    KD, KH, KW = ks[0], ks[1], ks[2]
+    OD, OH, OW = ys[1], ys[2], ys[3]
+    T = KD * KH * KW
+    nchunks = part.shape[0] // (T * cg * O)
+    rows = N * OD * OH
+    expand = cg > 1 or og > 1
+    for k in prange(nchunks):
+        pb0 = k * T * cg * O
+        part[pb0:pb0 + T * cg * O] = 0
+        buf = np.empty(W * cg * O if expand else 0, x.dtype)
+        A = buf if expand else x
+        ao = np.empty(OW, np.int64)
+        bo = np.empty(OW, np.int64)
+        for r in range(k * rows // nchunks, (k + 1) * rows // nchunks):
+            n = r // (OD * OH)
+            pd = (r // OH) % OD
+            ph = r % OH
+            yb = r * OW * O
+            for td in range(KD):
+                qd = pd * s[0] + td * d[0] - pb[0]
+                if qd < 0 or qd >= D:
+                    continue
+                for th in range(KH):
+                    qh = ph * s[1] + th * d[1] - pb[1]
+                    if qh < 0 or qh >= H:
+                        continue
+                    xb = ((n * D + qd) * H + qh) * W * C
+                    if expand:
+                        _expand(x, xb, W, C, buf, 0, cg, O, og, cg)
+                    for tw in range(KW):
+                        off = tw * d[2] - pb[2]
+                        p0, p1 = _range(off, s[2], OW, W)
+                        t = (td * KH + th) * KW + tw
+                        for i in range(cg):
+                            m = 0
+                            for p in range(p0, p1):
+                                q = p * s[2] + off
+                                ao[m] = (q * cg + i) * O if expand else xb + q * C
+                                bo[m] = yb + p * O
+                                m += 1
+                            _accum(part, pb0 + (t * cg + i) * O, A, ao, dy, bo, m, O)
+    return part
+
+
+@njit(parallel=True, **_JIT)
+def sum_partials(part, out):
+    """``out = part[0] + part[1] + ...`` in chunk order, parallel over elements."""
+    n = out.shape[0]
+    nchunks = part.shape[0] // n
+    for t in prange((n + 63) // 64):
+        lo = t * 64
+        hi = min(n, lo + 64)
+        for k in range(nchunks):
+            for e in range(lo, hi):
+                if k == 0:
+                    out[e] = part[e]
+                else:
+                    out[e] += part[k * n + e]
+    return out
