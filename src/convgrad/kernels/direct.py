@@ -18,6 +18,9 @@ pay numba's import time.
 from __future__ import annotations
 
 import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -51,15 +54,33 @@ def _jit():
     return _direct_jit
 
 
-def _threads(geom: ConvGeometry) -> None:
-    """Use ``settings.threads()`` threads (all of numba's without it), one for
-    problems too small to repay waking the others."""
-    import numba
+def _threads(geom: ConvGeometry) -> int:
+    """``settings.threads()`` (the CPU count without it), one for problems too
+    small to repay starting the others."""
     get = getattr(settings, "threads", None)
-    want = get() if get is not None else numba.config.NUMBA_NUM_THREADS
-    if geom.flops < SERIAL_FLOPS:
-        want = 1
-    numba.set_num_threads(max(1, min(int(want), numba.config.NUMBA_NUM_THREADS)))
+    want = int(get()) if get is not None else (os.cpu_count() or 1)
+    return 1 if geom.flops < SERIAL_FLOPS else max(1, want)
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _run(fn, args, ntasks: int, threads: int) -> None:
+    """``fn(*args, lo, hi)`` over ``[0, ntasks)``, split into blocks run on
+    ``threads`` threads (a block's result does not depend on the split)."""
+    if threads <= 1 or ntasks <= 1:
+        fn(*args, 0, ntasks)
+        return
+    with _POOLS_LOCK:
+        pool = _POOLS.get(threads)
+        if pool is None:
+            pool = _POOLS[threads] = ThreadPoolExecutor(threads, "convgrad-direct")
+    nblocks = min(ntasks, 4 * threads)
+    bounds = [ntasks * i // nblocks for i in range(nblocks + 1)]
+    futures = [pool.submit(fn, *args, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+    for f in futures:
+        f.result()
 
 
 def _args(geom: ConvGeometry):
@@ -87,8 +108,8 @@ def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     if x.size == 0 or w.size == 0:
         y[...] = 0
         return y
-    _threads(geom)
-    _jit().fwd(_flat(x), _flat(w), _flat(y), *_args(geom))
+    _run(_jit().fwd, (_flat(x), _flat(w), _flat(y), *_args(geom)),
+         geom.n * math.prod(geom.out_sizes[:-1]), _threads(geom))
     return y
 
 
@@ -99,7 +120,6 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     if dy.size == 0 or w.size == 0:
         dx[...] = 0
         return dx
-    _threads(geom)
     cg, og = geom.c // geom.groups, geom.o // geom.groups
     # we[t, j, c] = w[t, c % cg, g(c)*og + j]: the weights each input channel
     # meets, indexed by its position j inside its group's output channels
@@ -107,7 +127,8 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     r = len(k)
     wg = w.reshape(*k, cg, geom.groups, og)                      # (*K, i, g, j)
     we = np.ascontiguousarray(wg.transpose(*range(r), r + 2, r + 1, r))
-    _jit().dgrad(_flat(we), _flat(dy), _flat(dx), *_args(geom))
+    _run(_jit().dgrad, (_flat(we), _flat(dy), _flat(dx), *_args(geom)),
+         geom.n * math.prod(geom.in_sizes[:-1]), _threads(geom))
     return dx
 
 
@@ -116,12 +137,12 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     dw = np.zeros((*geom.kernel, cg, geom.o), x.dtype)
     if dw.size == 0 or x.size == 0 or dy.size == 0:
         return dw
-    _threads(geom)
     rows = geom.n * math.prod(geom.out_sizes[:-1])
     per_chunk = dw.size * x.itemsize
     nchunks = max(1, min(rows, MAX_CHUNKS, PARTIALS_BYTES // per_chunk))
-    jit = _jit()
-    part = np.empty(nchunks * dw.size, x.dtype)
-    jit.wgrad_partials(_flat(x), _flat(dy), part, *_args(geom))
-    jit.sum_partials(part, _flat(dw))
+    part = np.empty((nchunks, dw.size), x.dtype)
+    _run(lambda *a: _jit().wgrad_partials(*a, nchunks),
+         (_flat(x), _flat(dy), _flat(part), *_args(geom)), nchunks, _threads(geom))
+    # in chunk order, whatever the thread count
+    np.add.reduce(part, axis=0, out=_flat(dw))
     return dw
