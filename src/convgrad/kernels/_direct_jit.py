@@ -76,8 +76,11 @@ def _expand(src, s0, L, cs, dst, d0, k, cd, a, b):
     for l in range(L):
         for i in range(k):
             base = d0 + (l * k + i) * cd
-            for o in range(cd):
-                dst[base + o] = src[s0 + l * cs + (o // a) * b + i]
+            sb = s0 + l * cs + i
+            for g in range(cd // a):
+                v = src[sb + g * b]
+                for j in range(a):
+                    dst[base + g * a + j] = v
 
 
 @njit(**_JIT)
