@@ -37,6 +37,13 @@ def compute(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
     """
     cdt = compute_dtype(np.dtype(dtype))
     kernel = kernels.select(kind, geom, cdt, settings.algo())
+    return run_kernel(kernel, a, b, geom, cdt)
+
+
+def run_kernel(kernel: kernels.Kernel, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
+               cdt: np.dtype) -> np.ndarray:
+    """Run one kernel on canonical views, converting to and from its layout."""
+    kind = kernel.op
     if kernel.layout == "ncx":
         a = np.ascontiguousarray(a, dtype=cdt)
         b = np.ascontiguousarray(b, dtype=cdt)

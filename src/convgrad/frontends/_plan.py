@@ -80,8 +80,21 @@ class Plan:
         if dtype.kind in "iu":
             out = _saturate(out, dtype)
         if out.dtype == dtype:
-            return np.ascontiguousarray(out)
+            return _owner(np.ascontiguousarray(out))
         return out.astype(dtype, order="C")
+
+
+def _owner(out: np.ndarray) -> np.ndarray:
+    """The array that owns ``out``'s memory, when ``out`` is a view of all of it
+    in the same shape and order (a kernel's result seen through two inverse
+    layout views): callers get an array that owns its data."""
+    root = out
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if (root is not out and root.shape == out.shape and root.strides == out.strides
+            and root.dtype == out.dtype and root.ctypes.data == out.ctypes.data):
+        return root
+    return out
 
 
 def _saturate(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
