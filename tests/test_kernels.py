@@ -96,7 +96,9 @@ MEDIUM = [_case(n=3, c=6, o=4, groups=1, in_sizes=(37, 41), kernel=(3, 3),
 @pytest.mark.parametrize("case", MEDIUM, ids=case_id)
 @pytest.mark.parametrize("workspace", [None, 150_000])
 def test_fast_kernels_on_larger_problems(algo, case, workspace, rng):
-    assert _check_kernel_against_reference(algo, case, workspace, rng) > 0
+    if _check_kernel_against_reference(algo, case, workspace, rng) == 0:
+        assert algo != "shifted", "the shifted kernel supports every float problem here"
+        pytest.skip(f"{algo} supports none of this problem's ops")
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16, bfloat16],

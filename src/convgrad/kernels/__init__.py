@@ -110,10 +110,11 @@ def _blas_float(op):
 
 
 def _register_builtin() -> None:
-    from . import im2col, reference, shifted
+    from . import direct, im2col, reference, shifted
     for op in OPS:
         register(Kernel("reference", op, getattr(reference, op), _always, priority=0))
         register(Kernel("im2col", op, getattr(im2col, op), _always, priority=10))
+        register(Kernel("direct", op, getattr(direct, op), direct.supports, 20, "nxc"))
         register(Kernel("shifted", op, getattr(shifted, op), _blas_float(op), priority=30,
                         layout="nxc", converts=True))
 

@@ -2,8 +2,9 @@
 
 Rules, from the measurements in ``benchmarks/`` (float32, 2 threads):
 
-- groups with few channels per group (depthwise, ResNeXt-like) are not
-  GEMM-shaped: the direct kernel, when it is available;
+- grouped problems with few channels per group (depthwise, ResNeXt-like) are
+  not GEMM-shaped: the direct kernel, which itself declines groups large
+  enough for GEMMs (``direct.supports``);
 - otherwise the shifted-GEMM kernel, unless its grid wastes too much work in
   a forward or data gradient: its GEMMs run over every grid row, and at small
   spatial sizes with padding the grid is much larger than the output (14x14
@@ -21,7 +22,6 @@ import math
 
 from ..geometry import ConvGeometry
 
-SMALL_GROUP = 64          # (C/G) * (O/G) at or below this: the direct kernel
 WASTE_LIMIT = 1.3         # shifted grid rows / output positions above this: im2col
 
 
@@ -40,8 +40,7 @@ def grid_waste(op: str, geom: ConvGeometry) -> float:
 
 
 def preference(op: str, geom: ConvGeometry) -> list[str]:
-    cg, og = geom.c // geom.groups, geom.o // geom.groups
-    if geom.groups > 1 and cg * og <= SMALL_GROUP:
+    if geom.groups > 1:
         return ["direct", "shifted", "im2col"]
     if op != "wgrad" and grid_waste(op, geom) > WASTE_LIMIT:
         return ["im2col", "shifted"]

@@ -1,0 +1,148 @@
+"""Direct kernels for depthwise and small-group convolutions (channels last).
+
+When a group holds few channels (depthwise: ``C/G = 1``; ResNeXt: 4 by 4) a
+convolution is not GEMM-shaped: each output value is a sum of a few dozen
+products and the work is bound by memory traffic, not arithmetic.  These
+kernels read every input once and write every output once, in the ``"nxc"``
+layout, looping over output rows in parallel with the channel vector
+innermost (compiled with numba, see :mod:`convgrad.kernels._direct_jit`).
+
+Results are bitwise reproducible for any thread count: fwd and dgrad give
+each output row to exactly one worker; wgrad sums a fixed list of row chunks
+(set by the geometry, not by the thread count) in chunk order.
+
+The compiled loops are imported on first use, so ``import convgrad`` does not
+pay numba's import time.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .. import settings
+from ..geometry import ConvGeometry
+
+# C/G * O/G above this: the GEMM kernels win (measured, see supports()).
+MAX_GROUP_PRODUCT = 16
+# Below this many FLOPs one thread is faster than waking the others.
+SERIAL_FLOPS = 2**18
+# wgrad sums at most this many per-chunk partial weight gradients ...
+MAX_CHUNKS = 64
+# ... and keeps them under this many bytes.
+PARTIALS_BYTES = 32 * 2**20
+
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def supports(geom: ConvGeometry, dtype) -> str | None:
+    if np.dtype(dtype) not in _DTYPES:
+        return f"computes in float32/float64 only, not {np.dtype(dtype)}"
+    cg, og = geom.c // geom.groups, geom.o // geom.groups
+    if cg * og > MAX_GROUP_PRODUCT:
+        return (f"C/G * O/G = {cg} * {og} > {MAX_GROUP_PRODUCT}: GEMM-shaped, "
+                f"the GEMM kernels are faster")
+    return None
+
+
+def _jit():
+    from . import _direct_jit
+    return _direct_jit
+
+
+def _threads(geom: ConvGeometry) -> int:
+    """``settings.threads()`` (the CPU count without it), one for problems too
+    small to repay starting the others."""
+    get = getattr(settings, "threads", None)
+    want = int(get()) if get is not None else (os.cpu_count() or 1)
+    return 1 if geom.flops < SERIAL_FLOPS else max(1, want)
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _run(fn, args, ntasks: int, threads: int) -> None:
+    """``fn(*args, lo, hi)`` over ``[0, ntasks)``, split into blocks run on
+    ``threads`` threads (a block's result does not depend on the split)."""
+    if threads <= 1 or ntasks <= 1:
+        fn(*args, 0, ntasks)
+        return
+    with _POOLS_LOCK:
+        pool = _POOLS.get(threads)
+        if pool is None:
+            pool = _POOLS[threads] = ThreadPoolExecutor(threads, "convgrad-direct")
+    nblocks = min(ntasks, 4 * threads)
+    bounds = [ntasks * i // nblocks for i in range(nblocks + 1)]
+    futures = [pool.submit(fn, *args, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+    for f in futures:
+        f.result()
+
+
+def _args(geom: ConvGeometry):
+    """Sizes and (s, d, pb) as int64 arrays of 3 (or 4: batch first), leading
+    spatial axes padded neutrally, then C, O, C/G, O/G."""
+    pad = 3 - geom.spatial_rank
+
+    def a3(v, fill, lead=()):
+        return np.array(tuple(lead) + (fill,) * pad + tuple(v), np.int64)
+
+    cg, og = geom.c // geom.groups, geom.o // geom.groups
+    return (a3(geom.in_sizes, 1, (geom.n,)), a3(geom.kernel, 1), a3(geom.out_sizes, 1, (geom.n,)),
+            geom.c, geom.o, a3(geom.strides, 1), a3(geom.dilations, 1), a3(geom.pads_begin, 0),
+            cg, og)
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1)
+
+
+def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry) -> np.ndarray:
+    y = np.empty((geom.n, *geom.out_sizes, geom.o), x.dtype)
+    if y.size == 0:
+        return y
+    if x.size == 0 or w.size == 0:
+        y[...] = 0
+        return y
+    _run(_jit().fwd, (_flat(x), _flat(w), _flat(y), *_args(geom)),
+         geom.n * math.prod(geom.out_sizes[:-1]), _threads(geom))
+    return y
+
+
+def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
+    dx = np.empty((geom.n, *geom.in_sizes, geom.c), w.dtype)
+    if dx.size == 0:
+        return dx
+    if dy.size == 0 or w.size == 0:
+        dx[...] = 0
+        return dx
+    cg, og = geom.c // geom.groups, geom.o // geom.groups
+    # we[t, j, c] = w[t, c % cg, g(c)*og + j]: the weights each input channel
+    # meets, indexed by its position j inside its group's output channels
+    k = w.shape[:-2]
+    r = len(k)
+    wg = w.reshape(*k, cg, geom.groups, og)                      # (*K, i, g, j)
+    we = np.ascontiguousarray(wg.transpose(*range(r), r + 2, r + 1, r))
+    _run(_jit().dgrad, (_flat(we), _flat(dy), _flat(dx), *_args(geom)),
+         geom.n * math.prod(geom.in_sizes[:-1]), _threads(geom))
+    return dx
+
+
+def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
+    cg = geom.c // geom.groups
+    dw = np.zeros((*geom.kernel, cg, geom.o), x.dtype)
+    if dw.size == 0 or x.size == 0 or dy.size == 0:
+        return dw
+    rows = geom.n * math.prod(geom.out_sizes[:-1])
+    per_chunk = dw.size * x.itemsize
+    nchunks = max(1, min(rows, MAX_CHUNKS, PARTIALS_BYTES // per_chunk))
+    part = np.empty((nchunks, dw.size), x.dtype)
+    _run(lambda *a: _jit().wgrad_partials(*a, nchunks),
+         (_flat(x), _flat(dy), _flat(part), *_args(geom)), nchunks, _threads(geom))
+    # in chunk order, whatever the thread count
+    np.add.reduce(part, axis=0, out=_flat(dw))
+    return dw
