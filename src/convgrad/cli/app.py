@@ -138,6 +138,14 @@ def _dims(d) -> str:
     return "?" if d is None else "x".join(str(v) for v in d) or "scalar"
 
 
+_SHORT = {"strides": "s", "pads_begin": "pb", "pads_end": "pe", "dilations": "d",
+          "output_padding": "op", "auto_pad": ""}
+
+
+def _short_attrs(data: dict) -> str:
+    return "\n".join(f"{_SHORT.get(k, k + '=')}{v.replace(' ', '')}" for k, v in data.items())
+
+
 @app.command()
 def infer(file: pathlib.Path = typer.Argument(..., help="IR .xml: a whole <net> or bare "
                                               "<layer> elements.")):
@@ -152,15 +160,14 @@ def infer(file: pathlib.Path = typer.Argument(..., help="IR .xml: a whole <net> 
     if not rows:
         _user_error(f"{file}: no convolution-family layer ({', '.join(ir.CONV_TYPES)})")
     table = Table(title=f"{file.name}: shape inference")
-    for col in ("layer", "type", "inputs", "attributes", "inferred", "<output>", "status"):
+    for col in ("layer", "inputs", "attributes", "inferred", "<output>", "status"):
         table.add_column(col)
     style = {"ok": "green", "MISMATCH": "bold red", "ERROR": "bold red", "skipped": "yellow"}
     for r in rows:
-        attrs = " ".join(f"{k}={v}" for k, v in r.layer.data.items())
         status = r.status + (f": {r.note}" if r.note else "")
-        table.add_row(f"{r.layer.id} {r.layer.name}", r.layer.type,
-                      ", ".join(_dims(s) for s in r.inputs), attrs, _dims(r.inferred),
-                      _dims(r.declared), f"[{style[r.status]}]{status}[/]")
+        table.add_row(f"{r.layer.name or r.layer.id}\n[dim]{r.layer.type}[/]",
+                      "\n".join(_dims(s) for s in r.inputs), _short_attrs(r.layer.data),
+                      _dims(r.inferred), _dims(r.declared), f"[{style[r.status]}]{status}[/]")
     out.print(table)
     bad = [r for r in rows if r.status in ("MISMATCH", "ERROR")]
     if bad:
