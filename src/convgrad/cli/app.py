@@ -312,7 +312,7 @@ def vectors(
     """
     from . import vectors as v
 
-    names = convgrad.op_names() if op == "all" else [op]
+    names = v.all_ops() if op == "all" else [op]
     total = 0
     for name in names:
         manifest = v.write(name, count, out_dir, seed, dtype)
