@@ -164,14 +164,18 @@ def infer(file: pathlib.Path = typer.Argument(..., help="IR .xml: a whole <net> 
         table.add_column(col)
     style = {"ok": "green", "MISMATCH": "bold red", "ERROR": "bold red", "skipped": "yellow"}
     for r in rows:
-        status = r.status + (f": {r.note}" if r.note else "")
+        status = r.status + (f": {r.note}" if r.note and r.status != "ERROR" else "")
         table.add_row(f"{r.layer.name or r.layer.id}\n[dim]{r.layer.type}[/]",
                       "\n".join(_dims(s) for s in r.inputs), _short_attrs(r.layer.data),
                       _dims(r.inferred), _dims(r.declared), f"[{style[r.status]}]{status}[/]")
     out.print(table)
+    for r in rows:
+        if r.status == "ERROR":
+            out.print(f"[bold red]ERROR[/] {r.note}")
     bad = [r for r in rows if r.status in ("MISMATCH", "ERROR")]
     if bad:
-        raise Failure(f"{len(bad)} of {len(rows)} layers do not match their <output> port")
+        raise Failure(f"{len(bad)} of {len(rows)} layers do not match their <output> port "
+                      "or break a rule of the op")
 
 
 @app.command("run")

@@ -114,6 +114,8 @@ def _parse_xml(path: pathlib.Path):
     if size > MAX_XML_BYTES:
         raise IRError(f"{path}: {size} bytes; IR files above {MAX_XML_BYTES} bytes are refused")
     text = path.read_text(encoding="utf-8", errors="replace")
+    if re.search(r"<!(DOCTYPE|ENTITY)", text, re.I):
+        raise IRError(f"{path}: refused: a DTD or entity declaration (IR files have none)")
     body = re.sub(r"^\s*<\?xml[^>]*\?>", "", text)
     try:
         if re.match(r"\s*<net[\s>]", body):
