@@ -161,7 +161,7 @@ def infer(file: pathlib.Path = typer.Argument(..., help="IR .xml: a whole <net> 
         _user_error(f"{file}: no convolution-family layer ({', '.join(ir.CONV_TYPES)})")
     table = Table(title=f"{file.name}: shape inference")
     for col in ("layer", "inputs", "attributes", "inferred", "<output>", "status"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     style = {"ok": "green", "MISMATCH": "bold red", "ERROR": "bold red", "skipped": "yellow"}
     for r in rows:
         status = r.status + (f": {r.note}" if r.note and r.status != "ERROR" else "")
@@ -203,7 +203,7 @@ def run_model(
     used, results = ir.run(ir.load(model), given, seed, max_elements)
     table = Table(title=f"{model.name}: outputs")
     for col in ("Result", "shape", "dtype", "sum", "min", "max"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for name, a in results.items():
         v = np.asarray(a, np.float64)
         table.add_row(name, _dims(a.shape), str(a.dtype), f"{v.sum():.6g}",
@@ -226,7 +226,8 @@ _DIR_HELP = "Direction, as benchdnn's --dir: FWD_D, BWD_D (data gradient), BWD_W
 
 @app.command("run-problem")
 def run_problem(
-    problem: str = typer.Argument(..., help="benchdnn problem, e.g. g32mb8ic128ih56oc128oh56kh3ph1"),
+    problem: str = typer.Argument(..., help="benchdnn problem, e.g. "
+                                  "g32mb8ic128ih56oc128oh56kh3ph1"),
     dir: str = typer.Option("FWD_D", "--dir", help=_DIR_HELP),  # noqa: A002
     dtype: str = typer.Option("f32", help="f32, f64, f16 or bf16."),
     algo: str = typer.Option("auto", help="Kernel to force (auto, reference, im2col, ...)."),
@@ -244,8 +245,9 @@ def run_problem(
     s = runner.checksum(result)
     out.print(f"problem  {p.canonical()}  (convgrad dilations {list(p.dilations)}, pads_end "
               f"{list(p.pads_end)})")
-    out.print(f"op       {kind} ({dir}), {dtype}, algo {algo}: "
-              f"{_dims(a.shape)} , {_dims(b.shape)} -> {_dims(result.shape)} {result.dtype}")
+    roles = {"fwd": ("x", "w", "y"), "dgrad": ("w", "dy", "dx"), "wgrad": ("x", "dy", "dw")}[kind]
+    out.print(f"op       {kind} ({dir}), {dtype}, algo {algo}: {roles[0]} {_dims(a.shape)}, "
+              f"{roles[1]} {_dims(b.shape)} -> {roles[2]} {_dims(result.shape)}")
     out.print(f"time     {sec * 1e3:.3f} ms (fastest of {repeats}), "
               f"{p.flops() / sec / 1e9:.2f} GFLOP/s")
     out.print(f"checksum sum {s['sum']:.6g}  |sum| {s['abs_sum']:.6g}  min {s['min']:.6g}  "
@@ -276,7 +278,7 @@ def check(
     for p in parsed:
         table = Table(title=f"{p.canonical()} ({dtype}) vs the float64 reference kernel")
         for col in ("dir", "kernel / peer", "max |err|", "bound", "ms", "status"):
-            table.add_column(col)
+            table.add_column(col, overflow="fold")
         for dname, kind in kinds:
             res = runner.check(p, kind, dtype, seed, algo, peers)
             for r in res.rows:
@@ -300,6 +302,10 @@ def check(
 # ---------------------------------------------------------------------------
 
 
+def _compact(value) -> str:
+    return str(value).replace(" ", "")
+
+
 @app.command()
 def vectors(
     op: str = typer.Option(..., "--op", help="Spec op name (see `convgrad vectors --list`), "
@@ -321,7 +327,21 @@ def vectors(
     for name in names:
         manifest = v.write(name, count, out_dir, seed, dtype)
         total += len(manifest["cases"])
-        out.print(f"{name}: {len(manifest['cases'])} cases")
+        if len(names) > 1:
+            out.print(f"{name}: {len(manifest['cases'])} cases")
+            continue
+        table = Table(title=f"{name} ({dtype}): {manifest['cases'][0]['file'][:-8]}NNNN.npz")
+        for col in ("#", "corner", "inputs", "attributes", "output"):
+            table.add_column(col, overflow="fold")
+        for i, c in enumerate(manifest["cases"]):
+            ins = "\n".join(f"{i['name']} {_dims(i['shape'])}" if i["kind"] == "tensor"
+                            else f"{i['name']} {_compact(i['value'])}" for i in c["inputs"])
+            attrs = " ".join(f"{k}={_compact(v)}" for k, v in c["attributes"].items()
+                             if k not in ("dilations", "pads_begin", "pads_end")
+                             or set(v) != {1 if k == "dilations" else 0})
+            table.add_row(str(i), c["corner"], ins, attrs.replace(" ", "\n"),
+                          _dims(c["output_shape"]))
+        out.print(table)
     out.print(f"wrote {total} cases and manifest.json to {out_dir}")
 
 
