@@ -242,3 +242,33 @@ def test_run_random_inputs_and_bad_inputs_file(tmp_path):
     # infer on the whole net
     r = cli("infer", tmp_path / "c.xml")
     assert r.returncode == 0 and r.stdout.count("1x2x3") == 2
+
+
+# ---------------------------------------------------------------------------
+# The files shipped in examples/ir (used by the README)
+# ---------------------------------------------------------------------------
+
+EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "ir"
+
+
+def test_shipped_spec_examples_pass():
+    rows = ir.infer(ir.load(EXAMPLES / "group_convolution_backprop_data.xml"))
+    assert [(r.status, r.inferred) for r in rows] == [
+        ("ok", (1, 8, 447)), ("ok", (1, 8, 447, 447)), ("ok", (1, 8, 447, 447, 447))]
+
+
+@pytest.mark.peers
+def test_shipped_model_matches_openvino_runtime(tmp_path):
+    ov = import_peer("openvino")
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", image=x)
+    r = cli("run", EXAMPLES / "down_up.xml", "--inputs", tmp_path / "in.npz", "--out",
+            tmp_path / "out.npz")
+    assert r.returncode == 0, r.stderr
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(str(EXAMPLES / "down_up.xml")), "CPU",
+                                  {"INFERENCE_PRECISION_HINT": "f32"})
+    want = np.asarray(compiled([x])[compiled.output(0)])
+    got = np.load(tmp_path / "out.npz")["restored"]
+    assert got.shape == want.shape == (1, 8, 16, 16)
+    assert np.abs(got - want).max() <= 2e-5 * max(1.0, float(np.abs(want).max()))

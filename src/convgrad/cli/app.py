@@ -160,12 +160,14 @@ def infer(file: pathlib.Path = typer.Argument(..., help="IR .xml: a whole <net> 
     if not rows:
         _user_error(f"{file}: no convolution-family layer ({', '.join(ir.CONV_TYPES)})")
     table = Table(title=f"{file.name}: shape inference")
-    for col in ("layer", "inputs", "attributes", "inferred", "<output>", "status"):
+    table.add_column("layer", overflow="fold", min_width=21)
+    for col in ("inputs", "attributes", "inferred", "<output>", "status"):
         table.add_column(col, overflow="fold")
     style = {"ok": "green", "MISMATCH": "bold red", "ERROR": "bold red", "skipped": "yellow"}
     for r in rows:
         status = r.status + (f": {r.note}" if r.note and r.status != "ERROR" else "")
-        table.add_row(f"{r.layer.name or r.layer.id}\n[dim]{r.layer.type}[/]",
+        kind = r.layer.type.replace("Convolution", "Conv")
+        table.add_row(f"{r.layer.name or r.layer.id}\n[dim]{kind}[/]",
                       "\n".join(_dims(s) for s in r.inputs), _short_attrs(r.layer.data),
                       _dims(r.inferred), _dims(r.declared), f"[{style[r.status]}]{status}[/]")
     out.print(table)
@@ -213,6 +215,7 @@ def run_model(
                                       for k, v in used.items()))
     out.print(table)
     if out_file is not None:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
         np.savez(out_file, **results)
         out.print(f"wrote {out_file}")
 
