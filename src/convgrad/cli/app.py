@@ -286,8 +286,8 @@ def check(
             res = runner.check(p, kind, dtype, seed, algo, peers)
             for r in res.rows:
                 color = {"ok": "green", "FAIL": "bold red", "skipped": "yellow"}[r.status]
-                table.add_row(dname, r.name, f"{r.max_err:.2e}", f"{r.bound:.2e}",
-                              f"{r.seconds * 1e3:.2f}",
+                ms = "-" if r.seconds != r.seconds else f"{r.seconds * 1e3:.2f}"
+                table.add_row(dname, r.name, f"{r.max_err:.2e}", f"{r.bound:.2e}", ms,
                               f"[{color}]{r.status}[/]" + (f" {r.note}" if r.note else ""))
                 if r.status == "FAIL":
                     who = f"--algo {r.name}" if r.peer is None else "--peers"
