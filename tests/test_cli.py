@@ -5,9 +5,10 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from clitools import cli
+from clitools import cli, run_main
 
 SUBCOMMANDS = ["demo", "examples", "infer", "run", "run-problem", "check", "vectors"]
 
@@ -20,17 +21,18 @@ def test_help_lists_every_subcommand():
 
 
 @pytest.mark.parametrize("name", SUBCOMMANDS)
-def test_subcommand_help(name):
-    r = cli(name, "--help")
-    assert r.returncode == 0 and "Usage: convgrad " + name in r.stdout
+def test_subcommand_help(name, capsys):
+    code, out, _ = run_main(capsys, name, "--help")
+    assert code == 0 and "Usage: convgrad " + name in out
 
 
-def test_usage_errors_exit_2_without_traceback():
-    for args in (["nope"], ["run-problem"], ["vectors", "--op", "Convolution"],
+def test_usage_errors_exit_2_without_traceback(capsys):
+    r = cli("nope")
+    assert r.returncode == 2 and "No such command" in r.stderr and "Traceback" not in r.stderr
+    for args in (["run-problem"], ["vectors", "--op", "Convolution"],
                  ["check", "ic2ih5oc2kh3", "--dir", "SIDEWAYS"]):
-        r = cli(*args)
-        assert r.returncode == 2, args
-        assert "Traceback" not in r.stderr
+        code, _, err = run_main(capsys, *args)
+        assert code == 2 and err, args
 
 
 def test_python_dash_m_is_the_command():
@@ -72,6 +74,21 @@ def test_demo_trains(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"held-out accuracy {m['test_accuracy']:.1%}" in r.stdout
     assert "finite-difference check" in r.stdout and "epoch  3" in r.stdout
+
+
+def test_demo_data_is_scikit_learns_digits():
+    sklearn_datasets = pytest.importorskip("sklearn.datasets")
+    from convgrad.cli import demo
+
+    d = demo.load_digits(3)
+    ref = sklearn_datasets.load_digits()
+    assert len(d.y_train) + len(d.y_test) == len(ref.target) == 1797
+    x = np.concatenate([d.x_train, d.x_test]).reshape(1797, 64) * 16
+    y = np.concatenate([d.y_train, d.y_test])
+    order = np.lexsort(np.column_stack([x, y]).T)
+    ref_order = np.lexsort(np.column_stack([ref.data, ref.target]).T)
+    np.testing.assert_array_equal(x[order], ref.data[ref_order])
+    np.testing.assert_array_equal(y[order], ref.target[ref_order])
 
 
 def test_demo_is_reproducible():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from convgrad.cli import ir
-from clitools import cli
+from clitools import cli, run_main
 from conftest import import_peer
 
 
@@ -55,12 +55,12 @@ def test_infer_all_three_in_one_file_and_a_mismatch(tmp_path):
     assert "FAILED: 1 of 2 layers do not match their <output> port" in r.stderr.replace("\n", " ")
 
 
-def test_infer_bad_attribute_is_an_error_row(tmp_path):
+def test_infer_bad_attribute_is_an_error_row(tmp_path, capsys):
     f = tmp_path / "bad.xml"
     f.write_text(spec_example(2).replace('strides="2,2"', 'strides="2,0"'))
-    r = cli("infer", f)
-    assert r.returncode == 1
-    assert "ERROR GroupConvolutionBackpropData: strides = [2, 0]" in r.stdout
+    code, out, _ = run_main(capsys, "infer", f)
+    assert code == 1
+    assert "ERROR GroupConvolutionBackpropData: strides = [2, 0]" in out
 
 
 @pytest.mark.parametrize("text, message", [
@@ -71,17 +71,16 @@ def test_infer_bad_attribute_is_an_error_row(tmp_path):
     ('<layer type="Convolution"><data strides="x"/><input><port id="0"><dim>1</dim></port>'
      '<port id="1"><dim>1</dim></port></input></layer>', "must be comma-separated integers"),
 ])
-def test_infer_hostile_or_malformed_files(tmp_path, text, message):
+def test_infer_hostile_or_malformed_files(tmp_path, capsys, text, message):
     f = tmp_path / "h.xml"
     f.write_text(text)
-    r = cli("infer", f)
-    assert r.returncode in (1, 2) and message in r.stdout + r.stderr
-    assert "Traceback" not in r.stderr
+    code, out, err = run_main(capsys, "infer", f)
+    assert code in (1, 2) and message in out + err
 
 
 def test_missing_file():
     r = cli("infer", "/nonexistent/model.xml")
-    assert r.returncode == 2 and "no such file" in r.stderr
+    assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
 
 
 # ---------------------------------------------------------------------------
@@ -199,7 +198,7 @@ def test_run_rejects_unsupported_layers_and_huge_shapes(tmp_path):
     assert r.returncode == 2 and "past the end of" in r.stderr
 
 
-def test_run_random_inputs_and_bad_inputs_file(tmp_path):
+def test_run_random_inputs_and_bad_inputs_file(tmp_path, capsys):
     # A hand-written IR (no peer needed): Parameter -> Convolution(Const) -> Result.
     w = np.arange(2 * 3 * 2, dtype=np.float32).reshape(2, 3, 2)
     (tmp_path / "c.bin").write_bytes(w.tobytes())
@@ -231,17 +230,17 @@ def test_run_random_inputs_and_bad_inputs_file(tmp_path):
     xp = np.pad(x[0].astype(np.float64), ((0, 0), (1, 0)))
     want = np.array([[np.sum(xp[:, 2 * p:2 * p + 2] * w[o]) for p in range(3)] for o in range(2)])
     np.testing.assert_allclose(np.load(tmp_path / "o.npz")["y"][0], want, rtol=1e-6)
-    r = cli("run", tmp_path / "c.xml", "--seed", "1")
-    assert r.returncode == 0 and "x 1x3x5 float32 (random)" in r.stdout
+    code, out, _ = run_main(capsys, "run", tmp_path / "c.xml", "--seed", "1")
+    assert code == 0 and "x 1x3x5 float32 (random)" in out
     np.savez(tmp_path / "bad.npz", x=np.zeros((1, 3, 4), np.float32))
-    r = cli("run", tmp_path / "c.xml", "--inputs", tmp_path / "bad.npz")
-    assert r.returncode == 2 and "'x' has shape [1, 3, 4]; the Parameter is [1, 3, 5]" in r.stderr
+    code, _, err = run_main(capsys, "run", tmp_path / "c.xml", "--inputs", tmp_path / "bad.npz")
+    assert code == 2 and "'x' has shape [1, 3, 4]; the Parameter is [1, 3, 5]" in err
     np.savez(tmp_path / "bad.npz", z=x)
-    r = cli("run", tmp_path / "c.xml", "--inputs", tmp_path / "bad.npz")
-    assert r.returncode == 2 and "['z'] are not Parameters" in r.stderr
+    code, _, err = run_main(capsys, "run", tmp_path / "c.xml", "--inputs", tmp_path / "bad.npz")
+    assert code == 2 and "['z'] are not Parameters" in err
     # infer on the whole net
-    r = cli("infer", tmp_path / "c.xml")
-    assert r.returncode == 0 and r.stdout.count("1x2x3") == 2
+    code, out, _ = run_main(capsys, "infer", tmp_path / "c.xml")
+    assert code == 0 and out.count("1x2x3") == 2
 
 
 # ---------------------------------------------------------------------------

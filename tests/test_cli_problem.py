@@ -9,7 +9,7 @@ import convgrad
 from convgrad import kernels
 from convgrad.cli import main, runner
 from convgrad.cli.problem import ProblemError, direction, parse
-from clitools import cli
+from clitools import cli, run_main
 import naive
 
 # string -> (x shape, w shape (OIX), y shape, strides, dilations, pads_begin, pads_end)
@@ -92,31 +92,35 @@ def test_run_problem_checksum_matches_naive_reference(dir_, kind):
     assert "ms (fastest of 3)" in r.stdout and "GFLOP/s" in r.stdout
 
 
-def test_run_problem_errors_are_one_line():
+def test_run_problem_errors_are_one_line(capsys):
     r = cli("run-problem", "ic2ih5oc2kh3zz")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "error: problem 'ic2ih5oc2kh3zz': cannot parse at 'zz'" in r.stderr
-    r = cli("run-problem", "ic2ih5oc2kh3", "--dtype", "f8")
-    assert r.returncode == 2 and "--dtype = 'f8'" in r.stderr
-    r = cli("run-problem", "ic2ih5oc2kh3", "--algo", "nope")
-    assert r.returncode == 2 and "unknown algorithm" in r.stderr
-    r = cli("run-problem", "mb1000ic1000ih1000oc8kh3")
-    assert r.returncode == 2 and "elements; at most" in r.stderr
+    for args, message in ((["--dtype", "f8"], "--dtype = 'f8'"),
+                          (["--algo", "nope"], "unknown algorithm")):
+        code, _, err = run_main(capsys, "run-problem", "ic2ih5oc2kh3", *args)
+        assert code == 2 and message in err
+    code, _, err = run_main(capsys, "run-problem", "mb1000ic1000ih1000oc8kh3")
+    assert code == 2 and "elements; at most" in err
 
 
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
-def test_check_every_kernel_and_torch(dtype):
-    r = cli("check", "g2mb2ic4ih7oc6kh3sh2ph1dh1", "mb1ic3id5oc2kd2pd1", "--dir", "ALL",
-            "--dtype", dtype)
+def test_check_every_kernel_and_torch():
+    r = cli("check", "g2mb2ic4ih7oc6kh3sh2ph1dh1", "mb1ic3id5oc2kd2pd1", "--dir", "ALL")
     assert r.returncode == 0, r.stdout + r.stderr
-    names = kernels.names()
-    for name in names:
+    for name in kernels.names():
         assert len(re.findall(rf"│ \S+ +│ {name} ", r.stdout)) == 6      # 2 problems x 3 dirs
     try:
         import torch  # noqa: F401
         assert r.stdout.count("│ torch ") == 6
     except ImportError:
         assert "not installed" in r.stdout
+
+
+def test_check_half_types(capsys):
+    for dtype in ("bf16", "f16"):
+        code, out, _ = run_main(capsys, "check", "g2mb2ic4ih7oc6kh3sh2ph1dh1", "--dir", "ALL",
+                                "--dtype", dtype, "--no-peers")
+        assert code == 0 and out.count(" ok ") == 3 * len(kernels.names())
 
 
 @pytest.fixture
