@@ -140,7 +140,7 @@ MODELS = _models()
 
 @pytest.mark.peers
 @pytest.mark.parametrize("name", MODELS)
-def test_run_matches_openvino_runtime(tmp_path, name):
+def test_run_matches_openvino_runtime(tmp_path, capsys, name):
     ov = import_peer("openvino")
     from openvino.utils.node_factory import NodeFactory
 
@@ -162,6 +162,12 @@ def test_run_matches_openvino_runtime(tmp_path, name):
         assert g.shape == w.shape and g.dtype == w.dtype
         scale = max(1.0, float(np.abs(w).max()))
         assert np.abs(g.astype(np.float64) - w).max() <= 2e-5 * scale
+    # infer agrees with OpenVINO's own shape inference (the <output> ports it wrote),
+    # reading an output_shape input from its Const in the .bin
+    rows = ir.infer(ir.load(xml))
+    assert rows and all(r.status == "ok" for r in rows), [(r.status, r.note) for r in rows]
+    code, out, _ = run_main(capsys, "infer", xml)
+    assert code == 0 and "skipped" not in out
 
 
 @pytest.mark.peers
