@@ -244,6 +244,12 @@ def test_run_random_inputs_and_bad_inputs_file(tmp_path, capsys):
     np.savez(tmp_path / "bad.npz", z=x)
     code, _, err = run_main(capsys, "run", tmp_path / "c.xml", "--inputs", tmp_path / "bad.npz")
     assert code == 2 and "['z'] are not Parameters" in err
+    np.save(tmp_path / "one.npy", x)
+    code, _, err = run_main(capsys, "run", tmp_path / "c.xml", "--inputs", tmp_path / "one.npy")
+    assert code == 2 and "a .npy holds one unnamed array" in err
+    (tmp_path / "text.npz").write_text("not a zip file")
+    code, _, err = run_main(capsys, "run", tmp_path / "c.xml", "--inputs", tmp_path / "text.npz")
+    assert code == 2 and "cannot read it as .npz" in err
     # infer on the whole net
     code, out, _ = run_main(capsys, "infer", tmp_path / "c.xml")
     assert code == 0 and out.count("1x2x3") == 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
+import zipfile
 from typing import Optional
 
 import numpy as np
@@ -200,7 +201,14 @@ def run_model(
 
     given = None
     if inputs is not None:
-        with np.load(inputs, allow_pickle=False) as f:
+        try:
+            f = np.load(inputs, allow_pickle=False)
+        except (ValueError, OSError, zipfile.BadZipFile) as e:
+            _user_error(f"--inputs {inputs}: cannot read it as .npz ({e})")
+        if not isinstance(f, np.lib.npyio.NpzFile):
+            _user_error(f"--inputs {inputs}: a .npy holds one unnamed array; give a .npz "
+                        "with one array per Parameter name (numpy.savez)")
+        with f:
             given = {k: f[k] for k in f.files}
     used, results = ir.run(ir.load(model), given, seed, max_elements)
     table = Table(title=f"{model.name}: outputs")

@@ -71,12 +71,14 @@ class Model:
     layers: dict[str, Layer]
     edges: list[tuple[str, int, str, int]] = field(default_factory=list)
     is_net: bool = True
+    _sources: dict | None = field(default=None, repr=False)
 
     def producer(self, layer: Layer, port: Port) -> tuple[Layer, int] | None:
-        for fl, fp, tl, tp in self.edges:
-            if tl == layer.id and tp == port.id:
-                return self.layers[fl], fp
-        return None
+        """The (layer, output port) feeding ``port`` of ``layer``, if connected."""
+        if self._sources is None:
+            self._sources = {(tl, tp): (fl, fp) for fl, fp, tl, tp in self.edges}
+        src = self._sources.get((layer.id, port.id))
+        return None if src is None else (self.layers[src[0]], src[1])
 
 
 def element_dtype(where: str, name: str) -> np.dtype:

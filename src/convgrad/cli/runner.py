@@ -17,6 +17,7 @@ import numpy as np
 import convgrad
 
 from .. import kernels
+from ..dtypes import compute_dtype
 from ..errors import ConvGradError
 from ..frontends._plan import OPS, TensorSpec
 from .problem import Problem
@@ -26,7 +27,7 @@ DTYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat1
 # output dtype plus accumulation-order differences over long sums.
 TOLERANCE = {"f64": 1e-10, "f32": 1e-4, "f16": 1e-2, "bf16": 5e-2}
 # The check materialises each array a few times in float64: refuse bigger problems.
-MAX_ELEMENTS = 2**27
+MAX_ELEMENTS = 2**26
 
 
 def np_dtype(name: str) -> np.dtype:
@@ -141,7 +142,6 @@ def check(p: Problem, kind: str, dtype_name: str, seed: int, algo: str | None = 
         want = np.asarray(compute(p, kind, a.astype(np.float64), b.astype(np.float64)))
     result = CheckResult()
     geom = geometry(p, kind)
-    from ..dtypes import compute_dtype
     cdt = compute_dtype(dtype)
     for kernel, reason in kernels.candidates(kind, geom, cdt):
         if algo is not None and kernel.name != algo:
