@@ -243,7 +243,7 @@ def run_problem(
     dtype: str = typer.Option("f32", help="f32, f64, f16 or bf16."),
     algo: str = typer.Option("auto", help="Kernel to force (auto, reference, im2col, ...)."),
     repeats: int = typer.Option(3, min=1, help="Runs; the fastest is reported."),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="Seed of the inputs."),
 ):
     """Run one convolution problem and print its time and a checksum."""
     from . import problem as pr
@@ -271,7 +271,7 @@ def check(
     dir: str = typer.Option("BWD_W", "--dir", help=_DIR_HELP + " ALL: the three."),  # noqa: A002
     dtype: str = typer.Option("f32", help="f32, f64, f16 or bf16."),
     algo: Optional[str] = typer.Option(None, help="Check only this kernel."),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="Seed of the inputs."),
     peers: bool = typer.Option(True, help="Also compare with PyTorch when it is installed."),
 ):
     """Compare every kernel, and PyTorch, with the float64 reference kernel.
@@ -319,11 +319,11 @@ def _compact(value) -> str:
 
 @app.command()
 def vectors(
-    op: str = typer.Option(..., "--op", help="Spec op name (see `convgrad vectors --list`), "
-                           "or 'all'."),
+    op: str = typer.Option(..., "--op", help="Spec op name, as in convgrad.op_names() (an "
+                           "unknown name lists them), or 'all'."),
     count: int = typer.Option(8, min=1, max=10_000, help="Cases per op."),
     out_dir: pathlib.Path = typer.Option(..., "--out", help="Directory to write into."),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="Seed of the cases and their inputs."),
     dtype: str = typer.Option("float32", help="float32, float64, float16 or bfloat16."),
 ):
     """Write conformance test vectors (.npz per case plus manifest.json).
