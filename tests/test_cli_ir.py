@@ -78,6 +78,14 @@ def test_infer_hostile_or_malformed_files(tmp_path, capsys, text, message):
     assert code in (1, 2) and message in out + err
 
 
+def test_markup_in_names_is_shown_as_text(tmp_path, capsys):
+    f = tmp_path / "m.xml"
+    f.write_text(spec_example(1).replace('name="upsampling_node"', 'name="[/bold][red]x"')
+                 .replace("<dim>447</dim>", "<dim>446</dim>"))
+    code, out, _ = run_main(capsys, "infer", f)
+    assert code == 1 and "[/bold][red]x" in out and "MISMATCH" in out
+
+
 def test_missing_file():
     r = cli("infer", "/nonexistent/model.xml")
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr

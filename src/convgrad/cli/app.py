@@ -16,6 +16,7 @@ from typing import Optional
 import numpy as np
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import convgrad
@@ -34,7 +35,7 @@ class Failure(Exception):
 
 
 def _user_error(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -43,10 +44,10 @@ def run(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, prog_name="convgrad", standalone_mode=True)
     except (ConvGradError, ConvGradTypeError, OSError) as e:
-        err.print(f"[bold red]error:[/] {e}", markup=True, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
         sys.exit(2)
     except Failure as e:
-        err.print(f"[bold red]FAILED:[/] {e}", markup=True, soft_wrap=True)
+        err.print(f"[bold red]FAILED:[/] {escape(str(e))}", soft_wrap=True)
         sys.exit(1)
 
 
@@ -67,7 +68,7 @@ def demo(
     epochs: int = typer.Option(12, min=1, help="Training epochs."),
     batch: int = typer.Option(32, min=1, help="Minibatch size."),
     train_size: int = typer.Option(0, min=0, help="Use only this many training images "
-                                   "(0: all 1437)."),
+                                   "(0: all)."),
     seed: int = typer.Option(0, help="Seed of the weights, the split and the batches."),
     plot: pathlib.Path = typer.Option(pathlib.Path("out/demo_loss.png"),
                                       help="Where to write the loss-curve PNG."),
@@ -115,7 +116,7 @@ def demo(
     d.plot_losses(history, -(-len(y) // batch), plot)
     out.print(f"final training loss {train_loss:.4f} (accuracy {train_acc:.1%}); held-out loss "
               f"{test_loss:.4f}, held-out accuracy {acc:.1%} ({len(data.y_test)} images)")
-    out.print(f"loss curve: {plot}")
+    out.print(f"loss curve: {escape(str(plot))}")
     if json_out is not None:
         json_out.write_text(json.dumps({
             "losses": history, "steps_per_epoch": -(-len(y) // batch),
@@ -168,13 +169,14 @@ def infer(file: pathlib.Path = typer.Argument(..., help="IR .xml: a whole <net> 
     for r in rows:
         status = r.status + (f": {r.note}" if r.note and r.status != "ERROR" else "")
         kind = r.layer.type.replace("Convolution", "Conv")
-        table.add_row(f"{r.layer.name or r.layer.id}\n[dim]{kind}[/]",
-                      "\n".join(_dims(s) for s in r.inputs), _short_attrs(r.layer.data),
-                      _dims(r.inferred), _dims(r.declared), f"[{style[r.status]}]{status}[/]")
+        table.add_row(f"{escape(r.layer.name or r.layer.id)}\n[dim]{escape(kind)}[/]",
+                      "\n".join(_dims(s) for s in r.inputs), escape(_short_attrs(r.layer.data)),
+                      _dims(r.inferred), _dims(r.declared),
+                      f"[{style[r.status]}]{escape(status)}[/]")
     out.print(table)
     for r in rows:
         if r.status == "ERROR":
-            out.print(f"[bold red]ERROR[/] {r.note}")
+            out.print(f"[bold red]ERROR[/] {escape(r.note)}")
     bad = [r for r in rows if r.status in ("MISMATCH", "ERROR")]
     if bad:
         raise Failure(f"{len(bad)} of {len(rows)} layers do not match their <output> port "
@@ -216,16 +218,16 @@ def run_model(
         table.add_column(col, overflow="fold")
     for name, a in results.items():
         v = np.asarray(a, np.float64)
-        table.add_row(name, _dims(a.shape), str(a.dtype), f"{v.sum():.6g}",
+        table.add_row(escape(name), _dims(a.shape), str(a.dtype), f"{v.sum():.6g}",
                       f"{v.min():.6g}" if v.size else "-", f"{v.max():.6g}" if v.size else "-")
-    out.print("inputs: " + ", ".join(f"{k} {_dims(v.shape)} {v.dtype}"
+    out.print("inputs: " + ", ".join(f"{escape(k)} {_dims(v.shape)} {v.dtype}"
                                       + ("" if given and k in given else " (random)")
                                       for k, v in used.items()))
     out.print(table)
     if out_file is not None:
         out_file.parent.mkdir(parents=True, exist_ok=True)
         np.savez(out_file, **results)
-        out.print(f"wrote {out_file}")
+        out.print(f"wrote {escape(str(out_file))}")
 
 
 # ---------------------------------------------------------------------------
@@ -296,7 +298,7 @@ def check(
                 color = {"ok": "green", "FAIL": "bold red", "skipped": "yellow"}[r.status]
                 ms = "-" if r.seconds != r.seconds else f"{r.seconds * 1e3:.2f}"
                 table.add_row(dname, r.name, f"{r.max_err:.2e}", f"{r.bound:.2e}", ms,
-                              f"[{color}]{r.status}[/]" + (f" {r.note}" if r.note else ""))
+                              f"[{color}]{r.status}[/]" + (f" {escape(r.note)}" if r.note else ""))
                 if r.status == "FAIL":
                     who = f"--algo {r.name}" if r.peer is None else "--peers"
                     repro.append(f"convgrad check {p.canonical()} --dir {dname} --dtype "
@@ -304,7 +306,7 @@ def check(
         out.print(table)
     if repro:
         for line in repro:
-            out.print(f"repro: {line}", soft_wrap=True)
+            out.print(f"repro: {escape(line)}", soft_wrap=True)
         raise Failure(f"{len(repro)} comparison(s) out of tolerance")
 
 
@@ -353,7 +355,7 @@ def vectors(
             table.add_row(str(i), c["corner"], ins, attrs.replace(" ", "\n"),
                           _dims(c["output_shape"]))
         out.print(table)
-    out.print(f"wrote {total} cases and manifest.json to {out_dir}")
+    out.print(f"wrote {total} cases and manifest.json to {escape(str(out_dir))}")
 
 
 # `convgrad bench` (the benchmark harness of the speed issue) is registered here
