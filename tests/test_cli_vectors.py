@@ -154,9 +154,49 @@ class Torch:
         return (tx if which == "x" else tw).grad.numpy()
 
 
+def tf_pads(a, x_shape, kernel):
+    if a["padding"] == "SAME":
+        return same_pads("same_upper", x_shape[2:], kernel, a["strides"], a["dilations"])
+    if a["padding"] == "VALID":
+        return [0] * len(kernel), [0] * len(kernel)
+    p = a["explicit_paddings"]
+    return p[2:-2:2], p[3:-2:2]
+
+
 def oracle(T, name, case, arrays):
     a, ins = case["attributes"], {k: v for k, v in arrays.items() if k != "expected"}
     want_shape = arrays["expected"].shape
+    if name == "ConvolutionBackpropFilters":     # ConvolutionBackwardWeights, other names
+        a = {**a, "weights_format": a["filter_format"]}
+        ins = {"src": ins["input"], "diff_dst": ins["output_delta"]}
+        case = {**case, "inputs": [case["inputs"][0], case["inputs"][2], case["inputs"][1]]}
+        name = "ConvolutionBackwardWeights"
+    if name in ("openvino:Convolution", "GroupConvolution"):
+        data, filt = ins["data"], ins["filter"]
+        r = data.ndim - 2
+        g = filt.shape[0] if name == "GroupConvolution" else 1
+        w = filt.reshape(-1, *filt.shape[-1 - r:]) if name == "GroupConvolution" else filt
+        mode = a["auto_pad"]
+        if mode in ("same_upper", "same_lower"):
+            pb, pe = same_pads(mode, data.shape[2:], w.shape[2:], a["strides"], a["dilations"])
+        elif mode == "valid":
+            pb = pe = [0] * r
+        else:
+            pb, pe = a["pads_begin"], a["pads_end"]
+        return T.conv(T.t(data), T.t(w), a["strides"], a["dilations"], pb, pe, g).numpy()
+    if name in ("Conv2DBackpropFilter", "DepthwiseConv2dNativeBackpropFilter"):
+        x = ncx(ins["input"], "NXC")
+        dy = ncx(ins["out_backprop"], "NXC")
+        h, w_, c_or_i, m_or_o = case["inputs"][1]["value"]
+        if name == "Conv2DBackpropFilter":
+            g, w_shape = x.shape[1] // c_or_i, (m_or_o, c_or_i, h, w_)
+        else:
+            g, w_shape = c_or_i, (c_or_i * m_or_o, 1, h, w_)
+        pb, pe = tf_pads(a, x.shape, (h, w_))
+        dw = T.grad("w", None, w_shape, x, None, dy, a["strides"], a["dilations"], pb, pe, g)
+        if name == "Conv2DBackpropFilter":
+            return dw.transpose(2, 3, 1, 0)                          # OIHW -> HWIO
+        return dw.reshape(c_or_i, m_or_o, h, w_).transpose(2, 3, 0, 1)   # -> HWCM
     if name in ("ConvolutionBackwardWeights", "ConvolutionBackwardData"):
         fmt, wf = a["data_format"], a["weights_format"]
         if name == "ConvolutionBackwardWeights":
@@ -223,22 +263,17 @@ def oracle(T, name, case, arrays):
         x_shape = ncx_shape(case["inputs"][0]["value"], "NXC")
         w = ins["filter"].transpose(3, 2, 0, 1)                    # HWIO -> OIHW
         dy = ncx(ins["out_backprop"], "NXC")
-        if a["padding"] == "SAME":
-            pb, pe = same_pads("same_upper", x_shape[2:], w.shape[2:], a["strides"],
-                               a["dilations"])
-        elif a["padding"] == "VALID":
-            pb = pe = [0, 0]
-        else:
-            p = a["explicit_paddings"]
-            pb, pe = p[2:6:2], p[3:6:2]
+        pb, pe = tf_pads(a, x_shape, w.shape[2:])
         geo = (a["strides"], a["dilations"], pb, pe, x_shape[1] // w.shape[1])
         return from_ncx(T.grad("x", x_shape, None, None, w, dy, *geo), "NXC")
     raise AssertionError(name)
 
 
-ORACLE_OPS = ("ConvolutionBackwardWeights", "ConvolutionBackwardData", "ConvTranspose",
-              "ConvTransposeBackpropFilters", "GroupConvolutionBackpropData",
-              "Conv2DBackpropInput")
+ORACLE_OPS = ("ConvolutionBackwardWeights", "ConvolutionBackpropFilters",
+              "ConvolutionBackwardData", "ConvTranspose", "ConvTransposeBackpropFilters",
+              "GroupConvolutionBackpropData", "openvino:Convolution", "GroupConvolution",
+              "Conv2DBackpropInput", "Conv2DBackpropFilter",
+              "DepthwiseConv2dNativeBackpropFilter")
 
 
 @pytest.mark.peers
