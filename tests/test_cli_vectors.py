@@ -154,6 +154,12 @@ class Torch:
         return (tx if which == "x" else tw).grad.numpy()
 
 
+def tf_attrs(a):
+    """TF's full-rank strides/dilations (NHWC order) -> the spatial ones."""
+    assert a["strides"][0] == a["strides"][-1] == 1 and a["dilations"][0] == 1
+    return {**a, "strides": a["strides"][1:-1], "dilations": a["dilations"][1:-1]}
+
+
 def tf_pads(a, x_shape, kernel):
     if a["padding"] == "SAME":
         return same_pads("same_upper", x_shape[2:], kernel, a["strides"], a["dilations"])
@@ -184,6 +190,9 @@ def oracle(T, name, case, arrays):
         else:
             pb, pe = a["pads_begin"], a["pads_end"]
         return T.conv(T.t(data), T.t(w), a["strides"], a["dilations"], pb, pe, g).numpy()
+    if name in ("Conv2DBackpropFilter", "DepthwiseConv2dNativeBackpropFilter",
+                "Conv2DBackpropInput"):
+        a = tf_attrs(a)
     if name in ("Conv2DBackpropFilter", "DepthwiseConv2dNativeBackpropFilter"):
         x = ncx(ins["input"], "NXC")
         dy = ncx(ins["out_backprop"], "NXC")

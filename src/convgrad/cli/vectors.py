@@ -197,7 +197,8 @@ def _tf(name: str, case: Case, rng) -> tuple[list, dict]:
     if name.endswith("transpose") and mode == "explicit":
         mode = "valid"
     padding = {"same_upper": "SAME", "valid": "VALID", "explicit": "EXPLICIT"}[mode]
-    a = dict(strides=list(case.strides), dilations=list(case.dilations), padding=padding)
+    # strides and dilations as TensorFlow writes them: one per dim of NHWC-style data
+    a = dict(strides=[1, *case.strides, 1], dilations=[1, *case.dilations, 1], padding=padding)
     if padding == "EXPLICIT":
         pairs = [0, 0]
         for b, e in zip(case.pads_begin, case.pads_end):
