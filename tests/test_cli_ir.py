@@ -244,6 +244,10 @@ def test_run_random_inputs_and_bad_inputs_file(tmp_path, capsys):
     xp = np.pad(x[0].astype(np.float64), ((0, 0), (1, 0)))
     want = np.array([[np.sum(xp[:, 2 * p:2 * p + 2] * w[o]) for p in range(3)] for o in range(2)])
     np.testing.assert_allclose(np.load(tmp_path / "o.npz")["y"][0], want, rtol=1e-6)
+    dynamic = tmp_path / "dyn.xml"
+    dynamic.write_text((tmp_path / "c.xml").read_text().replace('shape="1,3,5"', 'shape="?,3,5"'))
+    code, _, err = run_main(capsys, "run", dynamic)
+    assert code == 2 and "shape = '?,3,5' is dynamic" in err
     code, out, _ = run_main(capsys, "run", tmp_path / "c.xml", "--seed", "1")
     assert code == 0 and "x 1x3x5 float32 (random)" in out
     np.savez(tmp_path / "bad.npz", x=np.zeros((1, 3, 4), np.float32))

@@ -270,7 +270,7 @@ def run_problem(
 @app.command()
 def check(
     problems: list[str] = typer.Argument(..., help="One or more benchdnn problems."),
-    dir: str = typer.Option("BWD_W", "--dir", help=_DIR_HELP + " ALL: the three."),  # noqa: A002
+    dir: str = typer.Option("ALL", "--dir", help=_DIR_HELP + " ALL: the three."),  # noqa: A002
     dtype: str = typer.Option("f32", help="f32, f64, f16 or bf16."),
     algo: Optional[str] = typer.Option(None, help="Check only this kernel."),
     seed: int = typer.Option(0, help="Seed of the inputs."),

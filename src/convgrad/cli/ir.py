@@ -357,7 +357,11 @@ def plan(model: Model, limit: int = MAX_ELEMENTS) -> tuple[list[Layer], dict]:
                 raise IRError(f"{where}: input port {port.id} is not connected")
             ins.append(shapes[(src[0].id, src[1])])
         if layer.type in ("Parameter", "Const"):
-            shape = tuple(ints(where, "shape", layer.data.get("shape", "")))
+            text = layer.data.get("shape", "")
+            if re.search(r"\?|-1|\.\.", text):
+                raise IRError(f"{where}: shape = {text!r} is dynamic; `convgrad run` needs "
+                              "static shapes")
+            shape = tuple(ints(where, "shape", text))
             if any(v < 0 for v in shape) or len(shape) > MAX_RANK:
                 raise IRError(f"{where}: shape = {list(shape)}: must be static, non-negative, "
                               f"rank <= {MAX_RANK}")
