@@ -1,5 +1,5 @@
 # Two entry points, both self-installing on a fresh machine:
-#   make demo   runs every spec page's example through convgrad and shows how it was checked
+#   make demo   trains a small CNN on the 8x8 digits with every convolution computed by convgrad
 #   make test   installs convgrad with its test extras and the peer frameworks, runs the tests
 PYTHON ?= python3
 VENV   ?= .venv
@@ -16,22 +16,27 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.peers: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e '.[test,peers]'
+	$(BIN)/python -m pip install -q -e '.[test,peers,cli]'
+	touch $@
+
+# The demo's extras (matplotlib for the loss curve, scikit-learn's bundled digits).
+$(VENV)/.cli: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e '.[cli]'
 	touch $@
 
 install: $(VENV)/.installed
 
 install-peers: $(VENV)/.peers
 
-demo: install
-	$(BIN)/python -m convgrad
+demo: $(VENV)/.cli
+	$(BIN)/convgrad demo
 
 # The conformance tests compare with PyTorch, TensorFlow and OpenVINO: installed here.
 test: install-peers
 	$(BIN)/python -m pytest -q -n 2
 
 # Without the peer frameworks (their conformance modules are skipped).
-test-fast: install
+test-fast: $(VENV)/.cli
 	$(BIN)/python -m pytest -q -n 2
 
 # Long property-based robustness run (not part of make test).

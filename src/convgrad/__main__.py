@@ -1,5 +1,5 @@
-"""``python -m convgrad``: run the spec pages' examples (``make demo``)."""
+"""``python -m convgrad``: the ``convgrad`` command."""
 
-from convgrad.examples import main
+from convgrad.cli import main
 
 main()

@@ -1,4 +1,4 @@
-"""The spec pages' own examples, run through convgrad (``make demo``).
+"""The spec pages' own examples, run through convgrad (``convgrad examples``).
 
 Each example prints what convgrad computed and how it was checked:
 against the float64 reference kernel, against the adjoint identity with the
