@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.peers: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e '.[test,peers]'
+	$(BIN)/python -m pip install -q -e '.[test,peers,bench]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -1,0 +1,66 @@
+"""``python -m convgrad.bench``: run the benchmark and write its report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .harness import load_suite, run_benchmark
+from .peers import FAMILIES, OPS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m convgrad.bench",
+        description="Time convgrad against the installed peer frameworks on the layer suite "
+                    "(same run, round-robin, medians) and write benchmark.json/.md/.png.")
+    p.add_argument("--layers", nargs="+", metavar="NAME",
+                   help="suite layers to run (default: all); --list shows them")
+    p.add_argument("--ops", nargs="+", choices=OPS, help="ops to run (default: each layer's)")
+    p.add_argument("--parties", nargs="+", choices=FAMILIES,
+                   help="parties to time (default: all; missing peers are recorded as such)")
+    p.add_argument("--dtypes", nargs="+", default=["float32"],
+                   choices=["float32", "float16", "bfloat16"],
+                   help="convgrad's dtypes (peers always run float32)")
+    p.add_argument("--repeat", type=int, default=7, help="timed repetitions (median reported)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls before timing")
+    p.add_argument("--threads", type=int, default=2, help="threads for every party")
+    p.add_argument("--out", default="benchmarks/results",
+                   help="output directory (default: benchmarks/results)")
+    p.add_argument("--suite", help="another suite.json (default: the one shipped)")
+    p.add_argument("--no-memory", action="store_true",
+                   help="skip the tracemalloc peak-memory call")
+    p.add_argument("--pause", type=float, default=0.15,
+                   help="seconds of untimed sleep before each timed call (default 0.15), so "
+                        "one party's spinning threads do not slow the next")
+    p.add_argument("--list", action="store_true", help="list the suite's layers and exit")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list:
+        for lay in load_suite(args.suite):
+            print(f"{lay.name:18s} {'/'.join(lay.ops):12s} N={lay.n} C={lay.c} O={lay.o} "
+                  f"S={list(lay.s)} K={list(lay.k)} s={list(lay.strides)} "
+                  f"d={list(lay.dilations)} g={lay.groups}  {lay.flops / 1e9:.2f} GFLOP")
+        return 0
+
+    def progress(done, total, label):
+        print(f"[{done}/{total}] {label}", file=sys.stderr, flush=True)
+
+    record = run_benchmark(layers=args.layers, ops=args.ops, parties=args.parties,
+                           dtypes=tuple(args.dtypes), repeat=args.repeat, warmup=args.warmup,
+                           threads=args.threads, out_dir=args.out, progress=progress,
+                           suite=args.suite, memory=not args.no_memory,
+                           pause=args.pause)
+    s = record["summary"]
+    if "geomean_ratio" in s:
+        print(f"geometric mean of fastest peer / convgrad: {s['geomean_ratio']:.3f} "
+              f"over {s['compared']} problems")
+    print(f"written to {args.out}/benchmark.{{json,md,png}}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
