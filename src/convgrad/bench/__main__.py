@@ -23,7 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=["float32", "float16", "bfloat16"],
                    help="convgrad's dtypes (peers always run float32)")
     p.add_argument("--repeat", type=int, default=7, help="timed repetitions (median reported)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed calls before timing")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="untimed calls before timing, after the checked first call")
     p.add_argument("--threads", type=int, default=2, help="threads for every party")
     p.add_argument("--out", default="benchmarks/results",
                    help="output directory (default: benchmarks/results)")

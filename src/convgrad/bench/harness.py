@@ -167,6 +167,22 @@ def _blas_info() -> list:
     return [{k: d.get(k) for k in keep} for d in threadpool_info()]
 
 
+def _git_commit() -> str | None:
+    """The commit of the convgrad checkout being measured (None outside a git checkout)."""
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--", "."],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def machine_info() -> dict:
     versions = {}
     for dist in ("convgrad", "numpy", "scipy", "ml_dtypes", "torch", "tensorflow-cpu",
@@ -181,6 +197,7 @@ def machine_info() -> dict:
     except AttributeError:  # pragma: no cover - not on Linux
         affinity = os.cpu_count()
     return {"cpu": _cpu_model(), "logical_cpus": os.cpu_count(), "usable_cpus": affinity,
+            "convgrad_commit": _git_commit(),
             "platform": platform.platform(), "python": platform.python_version(),
             "versions": versions, "blas": _blas_info()}
 
@@ -285,7 +302,7 @@ def run_problem(layer: Layer, op: str, parties: list[Party], *, repeat: int, war
         ready.append((party, prepared, res))
     del got
     gc.collect()
-    for i in range(warmup):
+    for _ in range(warmup):  # (the checked call above was the first warm-up)
         for party, prepared, _ in ready:
             prepared.run()
     times = {party.name: [] for party, _, _ in ready}
@@ -377,8 +394,15 @@ def summarize(record: dict) -> dict:
 # The entry point
 
 
+def _dump_partial(record: dict, out_dir) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = os.path.join(out_dir, "benchmark.partial.json")
+    with open(tmp, "w") as fh:
+        json.dump(record, fh, indent=1, default=float)
+
+
 def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repeat: int = 7,
-                  warmup: int = 2, threads: int = 2, out_dir="benchmarks/results",
+                  warmup: int = 1, threads: int = 2, out_dir="benchmarks/results",
                   progress=None, *, suite=None, seed: int = 0, memory: bool = True,
                   ceilings: bool = True, pause: float = 0.15) -> dict:
     """Time convgrad and the installed peers on the suite; return the record.
@@ -398,7 +422,8 @@ def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repe
     dtypes : tuple of str
         convgrad's dtypes ("float32", "float16", "bfloat16"); peers run float32.
     repeat, warmup : int
-        Timed repetitions (median reported) and untimed warm-up calls per party.
+        Timed repetitions (median reported) and untimed warm-up calls per party
+        after the first (checked) call.
     threads : int
         Threads for every party (and NumPy's BLAS).
     out_dir : path or None
@@ -449,6 +474,8 @@ def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repe
                                 memory=memory, pause=pause)
             summarize_entry(entry, record["ceilings"])
             record["results"].append(entry)
+            if out_dir is not None:  # a partial record survives an interrupted run
+                _dump_partial(record, out_dir)
             if progress:
                 progress(i + 1, len(problems), f"{lay.name} {op}")
     record["machine"]["blas"] = _blas_info()
@@ -457,4 +484,6 @@ def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repe
     if out_dir is not None:
         from .report import write_report
         write_report(record, out_dir)
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(out_dir, "benchmark.partial.json"))
     return record

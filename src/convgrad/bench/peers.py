@@ -549,9 +549,10 @@ def configure_threads(threads: int) -> dict:
     return done
 
 
-def default_parties(families=None, dtypes=("float32",), threads: int = 2) -> list[Party]:
-    """Every party of ``families`` (default all), convgrad in both layouts and in
-    each of ``dtypes``, the peers in float32."""
+def default_parties(families=None, dtypes=("float32",), threads: int = 2,
+                    low_precision_layouts=("NXC",)) -> list[Party]:
+    """Every party of ``families`` (default all): convgrad in both layouts in float32
+    and in ``low_precision_layouts`` for the other ``dtypes``; the peers in float32."""
     fams = FAMILIES if families is None else tuple(families)
     unknown = set(fams) - set(FAMILIES)
     if unknown:
@@ -559,7 +560,8 @@ def default_parties(families=None, dtypes=("float32",), threads: int = 2) -> lis
     out: list[Party] = []
     if "convgrad" in fams:
         for dt in dtypes:
-            out += [ConvgradParty("NXC", dt), ConvgradParty("NCX", dt)]
+            layouts = ("NXC", "NCX") if dt == "float32" else low_precision_layouts
+            out += [ConvgradParty(lay, dt) for lay in layouts]
     if "torch" in fams:
         out += [TorchParty(False), TorchParty(True)]
     if "tensorflow" in fams:
