@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pause", type=float, default=0.15,
                    help="seconds of untimed sleep before each timed call (default 0.15), so "
                         "one party's spinning threads do not slow the next")
+    p.add_argument("--no-ceilings", action="store_true",
+                   help="skip the GEMM and copy-bandwidth measurements")
     p.add_argument("--list", action="store_true", help="list the suite's layers and exit")
     return p
 
@@ -53,7 +55,7 @@ def main(argv=None) -> int:
     record = run_benchmark(layers=args.layers, ops=args.ops, parties=args.parties,
                            dtypes=tuple(args.dtypes), repeat=args.repeat, warmup=args.warmup,
                            threads=args.threads, out_dir=args.out, progress=progress,
-                           suite=args.suite, memory=not args.no_memory,
+                           suite=args.suite, memory=not args.no_memory, ceilings=not args.no_ceilings,
                            pause=args.pause)
     s = record["summary"]
     if "geomean_ratio" in s:

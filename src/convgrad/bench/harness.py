@@ -32,7 +32,7 @@ from importlib import resources
 
 import numpy as np
 
-from .peers import OPS, Layer, Party, Unsupported, configure_threads, default_parties
+from .peers import FAMILIES, OPS, Layer, Party, Unsupported, configure_threads, default_parties
 
 SCHEMA = 1
 
@@ -170,7 +170,7 @@ def _blas_info() -> list:
 def _git_commit() -> str | None:
     """The commit of the convgrad checkout being measured (None outside a git checkout)."""
     import subprocess
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/convgrad
     try:
         out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=10)
@@ -446,12 +446,12 @@ def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repe
         bad = set(ops) - set(OPS)
         if bad:
             raise ValueError(f"unknown ops {sorted(bad)}; known: {', '.join(OPS)}")
-    thread_settings = configure_threads(threads)
     families = None
     objects: list[Party] = []
     if parties is not None:
         families = [p for p in parties if isinstance(p, str)]
         objects = [p for p in parties if isinstance(p, Party)]
+    thread_settings = configure_threads(threads, FAMILIES if families is None else families)
     party_list = default_parties(families, dtypes, threads) + objects
     names = [p.name for p in party_list]
     if len(set(names)) != len(names):

@@ -509,14 +509,17 @@ class OnnxRuntimeParty(Party):
 # Threads and the set of parties
 
 
-def configure_threads(threads: int) -> dict:
-    """Set every framework's thread count to ``threads``; returns what was set.
+def configure_threads(threads: int, families=FAMILIES) -> dict:
+    """Set the thread count of every framework of ``families`` to ``threads``;
+    returns what was set.
 
-    Start-up settings (XLA flags, OpenMP env) only act before the framework is
-    first imported, so this is called before any peer is used."""
+    Start-up settings (XLA flags, TensorFlow's pools) only act before the
+    framework is first used, so this is called before any peer is used."""
     done = {}
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if "jax" not in sys.modules:
+    if "jax" not in families:
+        pass
+    elif "jax" not in sys.modules:
         flags = os.environ.get("XLA_FLAGS", "")
         flags += (f" --xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={threads}")
         os.environ["XLA_FLAGS"] = flags.strip()
@@ -524,6 +527,8 @@ def configure_threads(threads: int) -> dict:
     else:
         done["XLA_FLAGS"] = "jax imported before configure_threads: default threads"
     try:
+        if "torch" not in families:
+            raise ImportError
         import torch
         torch.set_num_threads(threads)
         try:
@@ -534,6 +539,8 @@ def configure_threads(threads: int) -> dict:
     except ImportError:
         pass
     try:
+        if "tensorflow" not in families:
+            raise ImportError
         import tensorflow as tf
         try:
             tf.config.threading.set_intra_op_parallelism_threads(threads)
@@ -544,8 +551,10 @@ def configure_threads(threads: int) -> dict:
                               "inter": tf.config.threading.get_inter_op_parallelism_threads()}
     except ImportError:
         pass
-    done["openvino"] = {"INFERENCE_NUM_THREADS": threads}
-    done["onnxruntime"] = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
+    if "openvino" in families:
+        done["openvino"] = {"INFERENCE_NUM_THREADS": threads}
+    if "onnxruntime" in families:
+        done["onnxruntime"] = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
     return done
 
 
