@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test test-fast fuzz install install-peers clean
+.PHONY: demo test test-fast fuzz bench install install-peers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ test: install-peers
 # Without the peer frameworks (their conformance modules are skipped).
 test-fast: install
 	$(BIN)/python -m pytest -q -n 2
+
+# The benchmark against the peers (about an hour on 2 cores); BENCH_ARGS adds options,
+# e.g. BENCH_ARGS="--layers r50_res2_3x3 --repeat 3".  Results: benchmarks/results/.
+bench: install-peers
+	$(BIN)/python -m convgrad.bench --dtypes float32 float16 bfloat16 $(BENCH_ARGS)
 
 # Long property-based robustness run (not part of make test).
 fuzz: install
