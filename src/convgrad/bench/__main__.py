@@ -55,8 +55,8 @@ def main(argv=None) -> int:
     record = run_benchmark(layers=args.layers, ops=args.ops, parties=args.parties,
                            dtypes=tuple(args.dtypes), repeat=args.repeat, warmup=args.warmup,
                            threads=args.threads, out_dir=args.out, progress=progress,
-                           suite=args.suite, memory=not args.no_memory, ceilings=not args.no_ceilings,
-                           pause=args.pause)
+                           suite=args.suite, memory=not args.no_memory,
+                           ceilings=not args.no_ceilings, pause=args.pause)
     s = record["summary"]
     if "geomean_ratio" in s:
         print(f"geometric mean of fastest peer / convgrad: {s['geomean_ratio']:.3f} "

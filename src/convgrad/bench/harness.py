@@ -303,7 +303,7 @@ def run_problem(layer: Layer, op: str, parties: list[Party], *, repeat: int, war
     del got
     gc.collect()
     for _ in range(warmup):  # (the checked call above was the first warm-up)
-        for party, prepared, _ in ready:
+        for _party, prepared, _ in ready:
             prepared.run()
     times = {party.name: [] for party, _, _ in ready}
     for rep in range(repeat):
