@@ -155,6 +155,7 @@ def bar_chart(record: dict, path: str) -> bool:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         return False
     rows = [e for e in record["results"] if e.get("convgrad_gflops") or
@@ -174,10 +175,25 @@ def bar_chart(record: dict, path: str) -> bool:
     ax1.set_yticks(list(y), labels, fontsize=8)
     ax1.invert_yaxis()
     ax1.legend(fontsize=8, loc="lower right")
-    ratios = [e.get("ratio") or 0 for e in rows]
-    ax2.barh(list(y), ratios, color=["tab:green" if r >= 1 else "tab:red" for r in ratios])
+    ratios = [e.get("ratio") for e in rows]
+    shown = [(i, r) for i, r in zip(y, ratios) if r]
+    # bars grow from 1 (equal speed) to the ratio, on a log scale
+    ax2.barh([i for i, _ in shown], [r - 1 for _, r in shown], left=1,
+             color=["tab:green" if r >= 1 else "tab:red" for _, r in shown])
+    for i, r in shown:
+        ax2.annotate(f"{r:.2f}", (r, i), xytext=(3 if r >= 1 else -3, 0),
+                     textcoords="offset points", va="center", ha="left" if r >= 1 else "right",
+                     fontsize=7)
     ax2.axvline(1.0, color="black", lw=1)
     ax2.set_xscale("log")
+    lo = min([r for _, r in shown] + [1.0])
+    hi = max([r for _, r in shown] + [1.0])
+    ax2.set_xlim(lo / 1.6, hi * 1.6)
+    ticks = [t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50)
+             if lo / 1.6 <= t <= hi * 1.6]
+    ax2.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
+    ax2.xaxis.set_major_formatter(matplotlib.ticker.FixedFormatter([f"{t:g}" for t in ticks]))
+    ax2.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax2.set_xlabel("fastest peer time / convgrad time (> 1: convgrad faster)")
     g = record.get("summary", {}).get("geomean_ratio")
     fig.suptitle(f"convgrad vs peers, float32, {record['threads']} threads, "
