@@ -52,9 +52,10 @@ def markdown(record: dict) -> str:
         f"- Date: {record['date']}; CPU: {m['cpu']} ({m['usable_cpus']} usable of "
         f"{m['logical_cpus']} logical CPUs); {record['threads']} threads for every party.",
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".",
-        f"- Protocol: medians of {record['repeat']} repetitions after {record['warmup']} "
-        "warm-up calls, parties alternating (round-robin) within each repetition, inputs "
-        "prepared outside the timed region, every result checked against convgrad's float64 "
+        f"- Protocol: medians of {record['repeat']} repetitions after a checked first call and "
+        f"{record['warmup']} more warm-up call(s) per party, parties alternating (round-robin) "
+        "within each repetition, inputs prepared outside the timed region, every result checked "
+        "against convgrad's float64 "
         "reference before it is timed; "
         f"{record.get('pause_s', 0)} s untimed pause before each timed call.",
     ]
@@ -138,13 +139,17 @@ def markdown(record: dict) -> str:
                           _f(mm and mm["extra_ratio"], ".2f")]
             lines.append(f"| {e['layer']} | {e['op']} | " + " | ".join(cells) + " |")
 
-    notes = []
+    notes, no_op = [], set()
     for e in record["results"]:
         for n, r in e["parties"].items():
-            if r.get("status") in ("unsupported", "failed", "error") and r.get("error"):
+            if r.get("status") == "unsupported" and r.get("error", "").endswith(" op"):
+                no_op.add(r["error"])  # the party has no such op at all: said once below
+            elif r.get("status") in ("unsupported", "failed", "error") and r.get("error"):
                 notes.append(f"- {e['layer']} {e['op']}, {n} ({r['status']}): {r['error']}")
-    if notes:
+    if notes or no_op:
         lines += ["", "## Refusals and failures", ""] + notes
+        if no_op:
+            lines.append("- Not offered at all: " + "; ".join(sorted(no_op)) + ".")
     return "\n".join(lines) + "\n"
 
 
