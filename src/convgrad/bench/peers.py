@@ -18,6 +18,7 @@ that only apply at start-up (XLA flags, TensorFlow's thread pools).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import os
@@ -553,6 +554,9 @@ def configure_threads(threads: int, families=FAMILIES) -> dict:
         pass
     if "openvino" in families:
         done["openvino"] = {"INFERENCE_NUM_THREADS": threads}
+        # Importing openvino forks a telemetry process: do it before JAX starts its threads.
+        with contextlib.suppress(ImportError):
+            import openvino  # noqa: F401
     if "onnxruntime" in families:
         done["onnxruntime"] = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
     return done
