@@ -173,6 +173,7 @@ def test_report_numbers_come_from_the_record(tmp_path):
                           ("torch", "torch"), ("torch CL", "torch channels_last")):
             assert row[col] == f"{ms[name]:.2f}"
         best = min(ms["convgrad NXC/XIO"], ms["convgrad NCX/OIX"])
+        assert row["cg best"] == ("cg NXC" if ms["convgrad NXC/XIO"] == best else "cg NCX")
         peer = min(ms["torch"], ms["torch channels_last"])
         ratios.append(peer / best)
         assert row["ratio"] == f"{peer / best:.2f}"

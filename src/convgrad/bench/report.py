@@ -75,17 +75,18 @@ def markdown(record: dict) -> str:
                      f"(min {summ['min_ratio']:.3f}, max {summ['max_ratio']:.3f}; convgrad "
                      f"at least as fast on {summ['at_least_1']}).")
     lines += ["", "## Time per call (ms, median) and throughput", "",
-              "ratio = fastest peer time / best convgrad time (> 1: convgrad faster); "
-              "GFLOP/s and % GEMM are convgrad's best; n/s = the party refuses the problem, "
-              "n/i = not installed, FAIL = wrong result (not timed).", ""]
+              "cg = convgrad; ratio = fastest peer time / best convgrad time (> 1: convgrad "
+              "faster); GFLOP/s and % GEMM are convgrad's best; n/s = the party refuses the "
+              "problem, n/i = not installed, FAIL = wrong result (not timed).", ""]
     head = (["layer", "op", "GFLOP"] + [SHORT.get(c, c) for c in cols]
-            + ["fastest peer", "ratio", "GFLOP/s", "peer GFLOP/s", "% GEMM"])
+            + ["cg best", "fastest peer", "ratio", "GFLOP/s", "peer GFLOP/s", "% GEMM"])
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "|".join(["---"] * 2 + ["--:"] * (len(head) - 2)) + "|")
     for e in record["results"]:
         row = [e["layer"], e["op"], f"{e['flops'] / 1e9:.2f}"]
         row += [fmt_ms(e["parties"].get(c)) for c in cols]
-        row += [SHORT.get(e.get("fastest_peer"), e.get("fastest_peer") or ""),
+        row += [SHORT.get(e.get("convgrad_best"), e.get("convgrad_best") or ""),
+                SHORT.get(e.get("fastest_peer"), e.get("fastest_peer") or ""),
                 _f(e.get("ratio"), ".2f"), _f(e.get("convgrad_gflops"), ".1f"),
                 _f(e.get("fastest_peer_gflops"), ".1f"),
                 _f(None if e.get("gemm_fraction") is None else 100 * e["gemm_fraction"], ".0f")]
