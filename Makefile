@@ -34,7 +34,8 @@ test: install-peers
 test-fast: install
 	$(BIN)/python -m pytest -q -n 2
 
-# The benchmark against the peers (36 min on 2 cores with the first kernels); BENCH_ARGS adds options,
+# The benchmark against the peers (36 min on 2 cores with the first kernels).
+# BENCH_ARGS adds options,
 # e.g. BENCH_ARGS="--layers r50_res2_3x3 --repeat 3".  Results: benchmarks/results/.
 bench: install-peers
 	$(BIN)/python -m convgrad.bench --dtypes float32 float16 bfloat16 $(BENCH_ARGS)
