@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test test-fast fuzz install install-peers clean
+.PHONY: demo test test-fast fuzz bench install install-peers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.peers: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e '.[test,peers,cli]'
+	$(BIN)/python -m pip install -q -e '.[test,peers,cli,bench]'
 	touch $@
 
 # The demo's extras (matplotlib for the loss curve, scikit-learn's bundled digits).
@@ -38,6 +38,12 @@ test: install-peers
 # Without the peer frameworks (their conformance modules are skipped).
 test-fast: $(VENV)/.cli
 	$(BIN)/python -m pytest -q -n 2
+
+# The benchmark against the peers (about 30 min on 2 cores).
+# BENCH_ARGS adds options,
+# e.g. BENCH_ARGS="--layers r50_res2_3x3 --repeat 3".  Results: benchmarks/results/.
+bench: install-peers
+	$(BIN)/python -m convgrad.bench --dtypes float32 float16 bfloat16 $(BENCH_ARGS)
 
 # Long property-based robustness run (not part of make test).
 fuzz: install

@@ -1,0 +1,229 @@
+"""The benchmark harness (convgrad.bench): adapters, protocol and report.  Nothing here
+is timed: the tests check what the harness computes and records, on tiny layers."""
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+
+from conftest import import_peer
+from convgrad.bench import Layer, Party, Prepared, Unsupported, load_suite, run_benchmark
+from convgrad.bench import peers as P
+from convgrad.bench.__main__ import main as bench_main
+from convgrad.bench.harness import (TOLERANCE, make_inputs, reference, relative_error,
+                                    run_problem, summarize, summarize_entry)
+from convgrad.bench.report import markdown, write_report
+
+TINY = [
+    dict(name="g2_s2", N=2, C=4, O=6, S=[9, 9], K=[3, 3], strides=[2, 2], pads=[1, 1],
+         dilations=[1, 1], groups=2),
+    dict(name="dense_2d", N=2, C=4, O=6, S=[9, 8], K=[3, 2], strides=[2, 1], pads=[1, 0],
+         dilations=[1, 1], groups=1),
+    dict(name="dw_s2", N=2, C=4, O=4, S=[9, 9], K=[3, 3], strides=[2, 2], pads=[1, 1],
+         dilations=[1, 1], groups=4),
+    dict(name="dil_1d", N=2, C=4, O=6, S=[17], K=[3], strides=[1], pads=[2], dilations=[2],
+         groups=1),
+    dict(name="dense_3d", N=1, C=3, O=4, S=[6, 6, 5], K=[3, 3, 3], strides=[1, 1, 1],
+         pads=[1, 1, 1], dilations=[1, 1, 1], groups=1),
+]
+LAYERS = [Layer.from_dict(d) for d in TINY]
+
+MODULE = {"torch": "torch", "tensorflow": "tensorflow", "jax": "jax", "openvino": "openvino",
+          "onnxruntime": "onnxruntime"}
+
+
+def _all_parties():
+    return P.default_parties(dtypes=("float32", "float16", "bfloat16"),
+                             low_precision_layouts=("NXC", "NCX"))
+
+
+def _refuses(party, layer, op):
+    """The problems a party is known to refuse (and is allowed to)."""
+    if op not in party.ops:
+        return True
+    if party.family == "torch" and party.channels_last and layer.rank == 1:
+        return True
+    if party.family == "tensorflow":
+        dilated = any(d > 1 for d in layer.dilations)
+        grouped = layer.groups > 1 and not layer.depthwise
+        return dilated or grouped
+    return False
+
+
+@pytest.mark.parametrize("op", P.OPS)
+@pytest.mark.parametrize("layer", LAYERS, ids=lambda lay: lay.name)
+@pytest.mark.parametrize("party", _all_parties(), ids=lambda p: p.name.replace(" ", "_"))
+def test_party_matches_reference(party, layer, op):
+    if party.is_peer:
+        import_peer(MODULE[party.family])
+        if party.family == "onnxruntime":
+            import_peer("onnx")
+    inputs = make_inputs(layer, seed=3)
+    if party.dtype != "float32":  # the party computes on inputs rounded to its dtype
+        from convgrad.bench.harness import _inputs_for
+        inputs = _inputs_for(party, inputs)
+    if _refuses(party, layer, op):
+        with pytest.raises(Exception):  # noqa: B017 - refusals come as each framework's error
+            if op not in party.ops:
+                raise Unsupported("no such op")
+            prepared = party.prepare(layer, op, inputs)
+            prepared.run()
+        return
+    prepared = party.prepare(layer, op, inputs)
+    got = prepared.to_canonical(prepared.run())
+    want = reference(layer, op, inputs)
+    assert want.shape == (layer.w_shape if op == "wgrad" else layer.x_shape)
+    err = relative_error(got, want)
+    assert err <= TOLERANCE[party.dtype], err
+
+
+def test_layer_geometry_matches_convgrad():
+    """Output sizes, output_padding and FLOPs of every suite layer, from convgrad's own
+    shape inference: the transposed-conv peers get exactly S back."""
+    import convgrad
+    for lay in load_suite():
+        op = convgrad.op("onednn:ConvolutionBackwardData", strides=list(lay.strides),
+                         pads_begin=list(lay.pads_begin), pads_end=list(lay.pads_end),
+                         dilations=list(lay.dilations), groups=lay.groups,
+                         output_padding=list(lay.output_padding()), data_format="NCX",
+                         weights_format="OIX")
+        assert op.infer_shape(lay.y_shape, lay.w_shape) == lay.x_shape, lay.name
+        assert all(0 <= p < s for p, s in zip(lay.output_padding(), lay.strides)), lay.name
+        assert lay.flops == (2 * lay.n * lay.o * (lay.c // lay.groups) * math.prod(lay.k)
+                             * math.prod(lay.m))
+    names = [lay.name for lay in load_suite()]
+    assert "r50_res2_3x3" in names and len(names) == len(set(names))
+
+
+class _Counting(Party):
+    """A party that counts its calls; ``wrong`` makes its result off by 1%."""
+
+    family = "test"
+
+    def __init__(self, name, wrong):
+        self.name, self.wrong, self.calls = name, wrong, 0
+
+    def prepare(self, layer, op, inputs):
+        want = reference(layer, op, inputs)
+
+        def run():
+            self.calls += 1
+            return want * (1.01 if self.wrong else 1.0)
+
+        return Prepared(run=run, to_canonical=lambda r: r)
+
+
+class _Refusing(Party):
+    name = family = "refuser"
+
+    def prepare(self, layer, op, inputs):
+        return Prepared(run=lambda: 1 / 0, to_canonical=lambda r: r)
+
+
+def test_wrong_party_is_failed_and_not_timed():
+    wrong, right = _Counting("wrong", True), _Counting("right", False)
+    entry = run_problem(LAYERS[0], "dgrad", [wrong, right, _Refusing()], repeat=3, warmup=2,
+                        memory=False)
+    w, r, z = (entry["parties"][n] for n in ("wrong", "right", "refuser"))
+    assert w["status"] == "failed" and "ms" not in w and "times_ms" not in w
+    assert 0.009 < w["max_rel_err"] < 0.011
+    assert wrong.calls == 1  # the checking call only
+    assert r["status"] == "ok" and len(r["times_ms"]) == 3 and r["max_rel_err"] == 0
+    assert right.calls == 1 + 2 + 3
+    assert z["status"] == "unsupported" and "ZeroDivisionError" in z["error"]
+
+
+def _table(md):
+    """The main table of the markdown report: {(layer, op): {column: cell}}."""
+    lines = md.split("## Time per call")[1].split("\n## ")[0].splitlines()
+    rows = [ln for ln in lines if ln.startswith("| ")]
+    head = [c.strip() for c in rows[0].strip("|").split("|")]
+    out = {}
+    for ln in rows[1:]:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        out[(cells[0], cells[1])] = dict(zip(head, cells))
+    return out
+
+
+def test_report_numbers_come_from_the_record(tmp_path):
+    import_peer("torch")
+    record = run_benchmark(layers=TINY[:2], parties=["convgrad", "torch"], repeat=3, warmup=0,
+                           out_dir=None, ceilings=False, pause=0.0, memory=False)
+    # Replace every timing by a distinctive number: the report must show these.
+    rng = np.random.default_rng(0)
+    for e in record["results"]:
+        for res in e["parties"].values():
+            if res.get("status") == "ok":
+                res["ms"] = float(rng.uniform(1, 99))
+        summarize_entry(e, {"gemm": {"gflops": 50.0}, "copy": {"gbps": 10.0}})
+    record["ceilings"] = {"gemm": {"n": 8, "ms": 1.0, "gflops": 50.0},
+                          "copy": {"bytes": 2**20, "ms": 1.0, "gbps": 10.0}}
+    record["summary"] = summarize(record)
+    paths = write_report(record, tmp_path)
+    md = open(paths["markdown"]).read()
+    table = _table(md)
+    assert len(table) == len(record["results"]) == 4
+    ratios = []
+    for e in record["results"]:
+        row = table[(e["layer"], e["op"])]
+        ms = {n: r["ms"] for n, r in e["parties"].items() if r.get("status") == "ok"}
+        for col, name in (("cg NXC", "convgrad NXC/XIO"), ("cg NCX", "convgrad NCX/OIX"),
+                          ("torch", "torch"), ("torch CL", "torch channels_last")):
+            assert row[col] == f"{ms[name]:.2f}"
+        best = min(ms["convgrad NXC/XIO"], ms["convgrad NCX/OIX"])
+        assert row["cg best"] == ("cg NXC" if ms["convgrad NXC/XIO"] == best else "cg NCX")
+        peer = min(ms["torch"], ms["torch channels_last"])
+        ratios.append(peer / best)
+        assert row["ratio"] == f"{peer / best:.2f}"
+        assert row["GFLOP/s"] == f"{e['flops'] / best / 1e6:.1f}"
+        assert row["% GEMM"] == f"{100 * e['flops'] / best / 1e6 / 50.0:.0f}"
+        assert "TF" not in row and row["fastest peer"] in ("torch", "torch CL")
+    geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    assert re.search(rf"Geometric mean of \(fastest peer time / convgrad time\): {geo:.3f}\*\*",
+                     md)
+    assert json.load(open(paths["json"]))["results"][0]["parties"]["torch"]["ms"] == \
+        record["results"][0]["parties"]["torch"]["ms"]
+    if "png" in paths:
+        assert open(paths["png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_refusals_are_listed_in_the_report():
+    record = {"date": "d", "threads": 2, "repeat": 1, "warmup": 0, "dtypes": ["float32"],
+              "parties": ["convgrad NXC/XIO", "tensorflow"],
+              "machine": {"cpu": "c", "usable_cpus": 2, "logical_cpus": 2, "versions": {}},
+              "results": [{"layer": "L", "op": "wgrad", "flops": 2e9, "io_bytes": 1,
+                           "depthwise": False, "parties": {
+                               "convgrad NXC/XIO": {"status": "ok", "ms": 4.0, "peer": False,
+                                                    "dtype": "float32"},
+                               "tensorflow": {"status": "unsupported", "peer": True,
+                                              "dtype": "float32", "error": "no dilation"}}}]}
+    summarize_entry(record["results"][0], {})
+    md = markdown(record)
+    row = _table(md)[("L", "wgrad")]
+    assert row["cg NXC"] == "4.00" and row["TF"] == "n/s" and row["ratio"] == ""
+    assert row["GFLOP/s"] == "500.0"
+    assert "- L wgrad, tensorflow (unsupported): no dilation" in md
+
+
+def test_command_line_runs_a_suite(tmp_path, capsys):
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({"layers": TINY[2:3]}))
+    out = tmp_path / "out"
+    assert bench_main(["--suite", str(suite), "--parties", "convgrad", "--dtypes", "float32",
+                       "bfloat16", "--repeat", "2", "--warmup", "0", "--pause", "0",
+                       "--no-ceilings", "--out", str(out)]) == 0
+    rec = json.load(open(out / "benchmark.json"))
+    assert [(e["layer"], e["op"]) for e in rec["results"]] == [("dw_s2", "wgrad"),
+                                                               ("dw_s2", "dgrad")]
+    for e in rec["results"]:
+        assert set(e["parties"]) == {"convgrad NXC/XIO", "convgrad NCX/OIX",
+                                     "convgrad NXC/XIO bfloat16"}
+        assert all(len(r["times_ms"]) == 2 for r in e["parties"].values())
+        assert e["dtype_ratio"]["bfloat16"] > 0 and e["memory_extra_ratio"] >= 0
+    assert rec["ceilings"] == {} and rec["summary"]["problems"] == 2
+    assert (out / "benchmark.md").exists() and not (out / "benchmark.partial.json").exists()
+    assert bench_main(["--list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(lay.name in listed for lay in load_suite())
