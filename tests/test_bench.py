@@ -1,6 +1,7 @@
 """The benchmark harness (convgrad.bench): adapters, protocol and report.  Nothing here
 is timed: the tests check what the harness computes and records, on tiny layers."""
 
+import importlib.util
 import json
 import math
 import re
@@ -227,3 +228,25 @@ def test_command_line_runs_a_suite(tmp_path, capsys):
     assert bench_main(["--list"]) == 0
     listed = capsys.readouterr().out
     assert all(lay.name in listed for lay in load_suite())
+
+
+def test_convgrad_bench_entry_point(tmp_path):
+    # `convgrad bench` is the same harness behind the installed command: a one-layer run
+    # against torch writes a record whose ratio is the peer's median over convgrad's.
+    from clitools import cli
+
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({"layers": TINY[1:2]}))
+    out = tmp_path / "out"
+    parties = ["convgrad"] + (["torch"] if importlib.util.find_spec("torch") else [])
+    r = cli("bench", "--suite", suite, "--parties", *parties, "--repeat", "2", "--warmup", "0",
+            "--pause", "0", "--no-ceilings", "--no-memory", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "geometric mean" in r.stdout or len(parties) == 1
+    rec = json.load(open(out / "benchmark.json"))
+    for e in rec["results"]:
+        best = min(p["ms"] for k, p in e["parties"].items() if k.startswith("convgrad"))
+        assert e["convgrad_ms"] == pytest.approx(best, rel=1e-2)
+        if len(parties) > 1:
+            assert e["ratio"] == pytest.approx(e["fastest_peer_ms"] / best, rel=2e-2)
+    assert cli("bench", "--bogus").returncode == 2

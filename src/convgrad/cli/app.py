@@ -358,5 +358,38 @@ def vectors(
     out.print(f"wrote {total} cases and manifest.json to {escape(str(out_dir))}")
 
 
-# `convgrad bench` (the benchmark harness of the speed issue) is registered here
-# when it lands: @app.command() def bench(...), same conventions as above.
+# -- the benchmark ---------------------------------------------------------------
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                               "help_option_names": []})
+def bench(ctx: typer.Context):
+    """Time convgrad against the installed peer frameworks on the layer suite.
+
+    Same run, round-robin, medians; writes benchmark.json/.md/.png.  Options
+    are those of ``python -m convgrad.bench`` (``convgrad bench --help``).
+    """
+    import argparse
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
+        TimeElapsedColumn
+
+    from ..bench.__main__ import DESCRIPTION, add_arguments, run_args
+
+    parser = add_arguments(argparse.ArgumentParser(prog="convgrad bench",
+                                                   description=DESCRIPTION))
+    try:
+        args = parser.parse_args(ctx.args)
+    except SystemExit as exc:                  # --help, or a usage error argparse printed
+        raise typer.Exit(0 if exc.code in (0, None) else 2) from None
+    if args.list:
+        raise typer.Exit(run_args(args))
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=Console(stderr=True)) as bar:
+        task = bar.add_task("benchmark", total=None)
+
+        def progress(done, total, label):
+            bar.update(task, completed=done, total=total,
+                       description=escape(f"benchmark: {label}"))
+
+        code = run_args(args, progress=progress)
+    raise typer.Exit(code)
