@@ -81,7 +81,7 @@ class Net:
     def __init__(self, seed: int, dtype=np.float32):
         rng = np.random.default_rng(seed)
         self.params: dict[str, np.ndarray] = {}
-        for name, (kind, cin, cout, k, _) in LAYERS.items():
+        for name, (_kind, cin, cout, k, _) in LAYERS.items():
             fan_in = cin * k * k
             # canonical OIX (O, C, K, K) for convs; oneDNN OIX (O/G, I, K, K) for the
             # ConvTranspose, whose I (= its input channels) is the fan-in here.
