@@ -81,7 +81,10 @@ def _case(**kw):
     return kw
 
 
-MEDIUM = [_case(n=3, c=6, o=4, groups=1, in_sizes=(37, 41), kernel=(3, 3),
+# (more than shifted.FOLD_MAX_CHANNELS channels per group: one GEMM per tap; fewer: folded)
+MEDIUM = [_case(n=2, c=40, o=24, groups=2, in_sizes=(19, 23), kernel=(3, 3), strides=(1, 2),
+                dilations=(2, 1), pads_begin=(2, 1), pads_end=(1, 1)),
+          _case(n=3, c=6, o=4, groups=1, in_sizes=(37, 41), kernel=(3, 3),
                strides=(1, 1), dilations=(1, 1), pads_begin=(1, 1), pads_end=(1, 1)),
           _case(n=2, c=8, o=6, groups=2, in_sizes=(50, 45), kernel=(3, 2),
                strides=(2, 2), dilations=(2, 1), pads_begin=(2, 0), pads_end=(1, 1)),

@@ -35,7 +35,9 @@ from ..geometry import ConvGeometry
 from ._blas import gemm, run_parallel, scratch, workers
 
 ROW_BLOCK = 1024           # rows per chunk of a weight-gradient GEMM
-BLOCK_BYTES = 512 * 1024   # bytes of input + output rows per data-/forward GEMM block
+BLOCK_BYTES = 2 * 2**20    # bytes of input + output rows per data-/forward GEMM block
+FOLD_MAX_CHANNELS = 16     # channels per group up to which the taps are folded into one GEMM
+FOLD_BYTES = 1 * 2**20     # the folded (local im2col) block
 WGRAD_L2_BYTES = 1 << 20   # weight gradients up to this size are accumulated per row block
 
 
@@ -124,8 +126,49 @@ def _gather(inputs, taps, out, P, groups):
                          w[:, g * cout:(g + 1) * cout], oc, beta=0.0 if j == 0 else 1.0)
         return run
 
+    fold = _fold_plan(inputs, taps, cin)
+    if fold is not None:
+        from ._fold_jit import gather_taps
+        # all taps' weights on the inner dimension, per group: (T*C/G, OC/G)
+        wcat = [np.ascontiguousarray(np.concatenate(
+            [w[:, g * cout:(g + 1) * cout] for _, _, w in taps], axis=0)) for g in range(groups)]
+
+        def block(r0, r1):                                    # noqa: F811
+            def run():
+                step = max(16, FOLD_BYTES // (len(taps) * cin * out.itemsize))
+                buf = scratch("fold", (min(step, r1 - r0), len(taps) * cin), out.dtype,
+                              zero=False)
+                for g in range(groups):
+                    for b0 in range(r0, r1, step):
+                        b1 = min(r1, b0 + step)
+                        gather_taps(fold[0], inputs[0].shape[1], g * cin, cin, fold[1], b0,
+                                    b1 - b0, buf)
+                        gemm(buf[:b1 - b0], wcat[g], out[b0:b1, g * cout:(g + 1) * cout])
+            return run
+
     row_bytes = (inputs[0].shape[1] + out.shape[1]) * out.itemsize
     run_parallel(block(r0, r1) for r0, r1 in _row_blocks(P, _block_rows(P, row_bytes)))
+
+
+def _fold_plan(inputs, taps, cin):
+    """The flat source for folded GEMMs, or None to keep one GEMM per tap.
+
+    Folding copies every tap's rows once more (in cache, compiled, without
+    the GIL), and pays where a GEMM per tap is too thin to run well: few
+    channels per group (ResNet-50 conv1's weight gradient, 3 channels: 3.4x
+    faster); from 32 channels on the per-tap GEMMs measured as fast or faster.
+    """
+    if len(taps) < 2 or cin > FOLD_MAX_CHANNELS:
+        return None
+    first, rows = inputs[0], inputs[0].shape[0]
+    for i, a in enumerate(inputs):            # phase grids: consecutive blocks of one array
+        if (not a.flags.c_contiguous or a.shape != first.shape
+                or a.ctypes.data != first.ctypes.data + i * first.nbytes):
+            return None
+    flat = np.lib.stride_tricks.as_strided(first.reshape(-1), shape=(len(inputs) * first.size,),
+                                           strides=(first.itemsize,), writeable=False)
+    offs = np.array([off + i * rows for i, off, _ in taps], np.int64)
+    return flat, offs
 
 
 def _block_rows(P: int, row_bytes: int) -> int:
@@ -179,6 +222,27 @@ def _wgrad_core(inputs, taps, dyg, P, groups, dw):
                 for t in range(T):
                     gemm_tap(c, t, b0, min(r1, b0 + step), 0.0 if b0 == r0 else 1.0)
         return run
+
+    fold = _fold_plan(inputs, taps, cin)
+    if fold is not None and by_rows:
+        from ._fold_jit import gather_taps
+
+        def chunk_task(c):                                    # noqa: F811
+            def run():
+                r0, r1 = bounds[c], bounds[c + 1]
+                step = max(16, FOLD_BYTES // (T * cin * dw.itemsize))
+                buf = scratch("fold", (min(step, r1 - r0), T * cin), dw.dtype, zero=False)
+                for g in range(groups):
+                    gs = slice(g * cout, (g + 1) * cout)
+                    target = parts[c, :, :, gs]
+                    target.shape = (T * cin, cout)          # a view, never a copy
+                    for b0 in range(r0, r1, step):
+                        b1 = min(r1, b0 + step)
+                        gather_taps(fold[0], inputs[0].shape[1], g * cin, cin, fold[1], b0,
+                                    b1 - b0, buf)
+                        gemm(buf[:b1 - b0].T, dyg[b0:b1, gs], target,
+                             beta=0.0 if b0 == r0 else 1.0)
+            return run
 
     def tap_task(t, c):
         return lambda: gemm_tap(c, t, bounds[c], bounds[c + 1], 0.0)
