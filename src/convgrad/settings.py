@@ -17,7 +17,7 @@ import contextlib
 import contextvars
 import numbers
 
-WORKSPACE_FRACTION = 1 / 16
+WORKSPACE_FRACTION = 1 / 32
 MIN_WORKSPACE_BYTES = 64 * 2**20
 FALLBACK_WORKSPACE_BYTES = 512 * 2**20
 
