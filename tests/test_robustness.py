@@ -68,12 +68,10 @@ def _check(name, attrs, inputs):
             np.testing.assert_array_equal(v, b)
 
 
-@pytest.mark.parametrize("name,attrs,inputs", CALLS, ids=[c[0] for c in CALLS])
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-          suppress_health_check=list(HealthCheck))
-@given(data=st.data())
-def test_bad_attributes_and_inputs_raise_only_convgrad_or_type_errors(name, attrs, inputs,
-                                                                      data):
+def mutate_and_check(name, attrs, inputs, data):
+    """Replace 1-3 attributes or inputs of a valid call by junk drawn from ``data``;
+    the call must then give a result of the inferred shape or raise ConvGradError /
+    TypeError, and leave its inputs unmodified (also the fuzz target)."""
     entry = convgrad.op(name, strides=[1]).entry
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal(v).astype(np.float32) if n in entry.tensors else v
@@ -98,6 +96,15 @@ def test_bad_attributes_and_inputs_raise_only_convgrad_or_type_errors(name, attr
         assert "attribute" in str(e)
         return
     _check(name, attrs, arrays)
+
+
+@pytest.mark.parametrize("name,attrs,inputs", CALLS, ids=[c[0] for c in CALLS])
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_bad_attributes_and_inputs_raise_only_convgrad_or_type_errors(name, attrs, inputs,
+                                                                      data):
+    mutate_and_check(name, attrs, inputs, data)
 
 
 @pytest.mark.parametrize("name,attrs,inputs", CALLS, ids=[c[0] for c in CALLS])

@@ -89,7 +89,8 @@ def _saturate(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Clamp an exact int64 result to ``dtype``'s range (as OpenVINO's CPU runtime
     does on overflow) before the cast back."""
     info, wide = np.iinfo(dtype), np.iinfo(np.int64)
-    return np.clip(a, max(info.min, wide.min), min(info.max, wide.max))
+    # in place: ``a`` is (a view of) the kernel's fresh result, never an input
+    return np.clip(a, max(info.min, wide.min), min(info.max, wide.max), out=a)
 
 
 @dataclass(frozen=True)
