@@ -33,7 +33,7 @@ from convgrad import kernels, onednn, openvino, tf
 from convgrad.geometry import make_geometry
 
 import naive
-from conftest import TOL, assert_close
+from conftest import assert_close
 
 EXAMPLES = int(os.environ.get("CONVGRAD_PROPERTY_EXAMPLES", "150"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
@@ -428,10 +428,6 @@ def test_reference_kernel_does_not_multiply_padding():
     np.testing.assert_array_equal(y[0, 0], [2.0, np.nan, np.nan])
 
 
-def test_tolerances_cover_the_dtypes_used():
-    assert {np.dtype(np.float64), np.dtype(np.float32)} <= set(TOL)
-
-
 @pytest.mark.parametrize("ranks", [(1,), (2,), (3,)], ids=["1d", "2d", "3d"])
 def test_strategy_reaches_every_rank_and_depthwise(ranks):
     # the generator really produces what the properties claim to cover
@@ -445,4 +441,4 @@ def test_strategy_reaches_every_rank_and_depthwise(ranks):
 
     collect()
     assert {s[0] for s in seen} == set(ranks)
-    assert any(s[1] for s in seen) and any(s[3] for s in seen) and any(s[4] for s in seen)
+    assert all(any(s[i] for s in seen) for i in (1, 2, 3, 4))   # groups, depthwise, s, d
