@@ -5,7 +5,7 @@ check every call passes before anything large is allocated.
   elsewhere it falls back to ``os.sysconf`` free physical pages, and to None
   when nothing is known (then no call is refused for lack of memory).
 - :func:`admit` estimates the *minimum* a call needs -- the result in the
-  compute dtype, the contiguous compute-dtype copies of inputs that need one,
+  compute dtype, the compute-dtype copies of inputs in another dtype,
   the cast of the result back to a narrower dtype, and the smallest working
   set a kernel can run in -- and raises :class:`MemoryLimitError` (a
   ``ConvGradError``, hence a ``ValueError``; also a ``MemoryError``) naming the
@@ -60,8 +60,9 @@ def minimum_bytes(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
     """The parts of the smallest working set of one canonical call, in bytes."""
     out_elems = math.prod(getattr(geom, OUTPUT_SHAPES[kind]))
     parts = {"result": out_elems * cdt.itemsize}
-    copies = sum(x.size * cdt.itemsize for x in (a, b)
-                 if x.dtype != cdt or not x.flags.c_contiguous)
+    # dtype conversions only: a layout copy depends on the kernel chosen (a
+    # channels-last kernel reads an NXC caller's array as it is)
+    copies = sum(x.size * cdt.itemsize for x in (a, b) if x.dtype != cdt)
     if copies:
         parts["input copies"] = copies
     if dtype != cdt:
