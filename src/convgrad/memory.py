@@ -11,7 +11,8 @@ check every call passes before anything large is allocated.
   ``ConvGradError``, hence a ``ValueError``; also a ``MemoryError``) naming the
   sizes when that cannot fit into the available memory.  It is a lower bound:
   a call it admits may still need more (kernels use up to the workspace budget
-  on top), but a call it refuses could never have run.
+  on top); a call it refuses would need more than the free physical memory
+  (swap is not counted: a call that would only run by swapping is refused).
 """
 
 from __future__ import annotations
