@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test test-fast fuzz bench install install-peers clean
+.PHONY: demo test test-fast fuzz fuzz-long bench install install-peers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,9 +45,15 @@ test-fast: $(VENV)/.cli
 bench: install-peers
 	$(BIN)/python -m convgrad.bench --dtypes float32 float16 bfloat16 $(BENCH_ARGS)
 
-# Long property-based robustness run (not part of make test).
+# Long property-based runs (not part of make test): the same properties, more examples.
 fuzz: install
-	CONVGRAD_FUZZ_EXAMPLES=$${CONVGRAD_FUZZ_EXAMPLES:-3000} $(BIN)/python -m pytest -q -n 2 tests/test_robustness.py
+	CONVGRAD_FUZZ_EXAMPLES=$${CONVGRAD_FUZZ_EXAMPLES:-3000} \
+	CONVGRAD_PROPERTY_EXAMPLES=$${CONVGRAD_PROPERTY_EXAMPLES:-3000} \
+	$(BIN)/python -m pytest -q -n 2 tests/test_robustness.py tests/test_properties.py
+
+# Open-ended fuzzing through Hypothesis' fuzz_one_input (random bytes, hang watchdog).
+fuzz-long: install
+	$(BIN)/python tests/fuzz_convgrad.py --target both --seconds $${FUZZ_SECONDS:-600}
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

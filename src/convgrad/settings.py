@@ -1,43 +1,99 @@
-"""Per-context settings: the algorithm to force and the workspace budget.
+"""Per-context settings: the algorithm to force, the workspace budget and the
+number of threads.
 
 Settings live in context variables, so a ``with convgrad.config(...)`` block
-affects only the thread (or asyncio task) that entered it.
+affects only the thread (or asyncio task) that entered it -- except the BLAS
+thread limit, which is process-wide (see :func:`config`).
+
+The default workspace budget is a fraction (:data:`WORKSPACE_FRACTION`) of the
+memory available when the call is made (``MemAvailable`` in /proc/meminfo,
+see :mod:`convgrad.memory`), at least :data:`MIN_WORKSPACE_BYTES`; where the
+available memory is unknown it is :data:`FALLBACK_WORKSPACE_BYTES`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import numbers
 
-DEFAULT_WORKSPACE_BYTES = 512 * 2**20
+WORKSPACE_FRACTION = 1 / 32
+MIN_WORKSPACE_BYTES = 64 * 2**20
+FALLBACK_WORKSPACE_BYTES = 512 * 2**20
 
 _algo = contextvars.ContextVar("convgrad_algo", default="auto")
-_workspace = contextvars.ContextVar("convgrad_workspace", default=DEFAULT_WORKSPACE_BYTES)
+_workspace = contextvars.ContextVar("convgrad_workspace", default=None)
+_threads = contextvars.ContextVar("convgrad_threads", default=None)
 
 
 def algo() -> str:
     return _algo.get()
 
 
+def default_workspace_bytes() -> int:
+    """The workspace budget when none is set: a fraction of the available memory."""
+    from .memory import available_bytes
+    avail = available_bytes()
+    if avail is None:
+        return FALLBACK_WORKSPACE_BYTES
+    return max(MIN_WORKSPACE_BYTES, int(avail * WORKSPACE_FRACTION))
+
+
 def workspace_bytes() -> int:
-    return _workspace.get()
+    """The workspace budget of the current context, in bytes."""
+    value = _workspace.get()
+    return default_workspace_bytes() if value is None else value
+
+
+def threads() -> int | None:
+    """The thread count set with ``config(threads=...)``, None for the default.
+    Kernels that run thread pools of their own use at most this many threads."""
+    return _threads.get()
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return int(value)
 
 
 @contextlib.contextmanager
-def config(*, algo: str | None = None, workspace_bytes: int | None = None):
-    """Force a kernel (``algo="reference"``, ``"im2col"``, or ``"auto"``) and/or
-    set the workspace budget in bytes for the calls made inside the block."""
-    tokens = []
-    if algo is not None:
-        if not isinstance(algo, str):
-            raise TypeError(f"algo must be a string, got {algo!r}")
-        tokens.append((_algo, _algo.set(algo)))
+def config(*, algo: str | None = None, workspace_bytes: int | None = None,
+           threads: int | None = None):
+    """Settings for the calls made inside the block.
+
+    algo : str, optional
+        Force a kernel (``"reference"``, ``"im2col"``, ...) or ``"auto"``.
+    workspace_bytes : int, optional
+        Budget in bytes for the kernels' temporary buffers (default: a
+        fraction of the available memory, see :mod:`convgrad.settings`).
+    threads : int, optional
+        Number of threads: the BLAS thread pools (OpenBLAS, MKL, BLIS, set
+        with threadpoolctl) are limited to it, and :func:`threads` returns it
+        so kernels with thread pools of their own honour it.  The BLAS limit is
+        **process-wide**: while the block runs it also applies to calls from
+        other threads, and it is restored when the block exits (do not enter
+        ``threads=`` blocks from several threads at once).
+    """
+    if algo is not None and not isinstance(algo, str):
+        raise TypeError(f"algo must be a string, got {algo!r}")
     if workspace_bytes is not None:
         if int(workspace_bytes) < 1:
             raise ValueError(f"workspace_bytes must be positive, got {workspace_bytes!r}")
-        tokens.append((_workspace, _workspace.set(int(workspace_bytes))))
-    try:
-        yield
-    finally:
-        for var, token in reversed(tokens):
-            var.reset(token)
+        workspace_bytes = int(workspace_bytes)
+    if threads is not None:
+        threads = _positive_int("threads", threads)
+    with contextlib.ExitStack() as stack:
+        if threads is not None:
+            from threadpoolctl import threadpool_limits
+            stack.enter_context(threadpool_limits(limits=threads, user_api="blas"))
+        tokens = [(var, var.set(value)) for var, value in
+                  ((_algo, algo), (_workspace, workspace_bytes), (_threads, threads))
+                  if value is not None]
+        try:
+            yield
+        finally:
+            for var, token in reversed(tokens):
+                var.reset(token)

@@ -122,4 +122,12 @@ def weights_dims(op: str, w: TensorSpec, rank: int, wl: WeightLayout, groups: in
     cg = parts["c"] if parts["c"] is not None else 1
     if o % groups:
         raise fail(op, f"{name} {o_role}", o, f"must be divisible by groups = {groups}")
+    check_kernel(op, f"spatial shape of {name}", parts["x"])
     return o, cg, parts["x"]
+
+
+def check_kernel(op: str, subject: str, kernel) -> None:
+    """Kernel spatial sizes must be positive (checked where the kernel is read, so the
+    error names the weights tensor or shape input it came from)."""
+    if any(k < 1 for k in kernel):
+        raise fail(op, subject, list(kernel), "kernel sizes must be positive")

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import ops
+from .. import memory, ops
 from ..dtypes import as_array, common_dtype
 from ..errors import fail
 from ..geometry import ConvGeometry, MAX_DIM
@@ -71,6 +71,7 @@ class Plan:
         canon = {role: to_c(arrays[name]) for name, (role, to_c) in self.roles.items()
                  if name in arrays}
         a, b = {"fwd": ("x", "w"), "wgrad": ("x", "dy"), "dgrad": ("w", "dy")}[self.kind]
+        memory.admit(self.op, self.kind, canon[a], canon[b], self.geom, dtype)
         out = ops.compute(self.kind, canon[a], canon[b], self.geom, dtype)
         if "bias" in canon:
             bias = canon["bias"].astype(out.dtype)
@@ -101,7 +102,8 @@ def _saturate(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Clamp an exact int64 result to ``dtype``'s range (as OpenVINO's CPU runtime
     does on overflow) before the cast back."""
     info, wide = np.iinfo(dtype), np.iinfo(np.int64)
-    return np.clip(a, max(info.min, wide.min), min(info.max, wide.max))
+    # in place: ``a`` is (a view of) the kernel's fresh result, never an input
+    return np.clip(a, max(info.min, wide.min), min(info.max, wide.max), out=a)
 
 
 @dataclass(frozen=True)

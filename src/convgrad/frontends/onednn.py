@@ -21,8 +21,8 @@ from ..geometry import (check_conv_output, check_divisible, conv_out_sizes, make
                         parse_choice, positive_int, resolve_pads, shape_input,
                         transposed_sizes)
 from ..layouts import CONV_WEIGHTS, CONVT_WEIGHTS, NCX, NXC
-from ._common import (check_bias, check_equal, conv_attrs, data_shape, make_plan,
-                      same_rank, weights_dims)
+from ._common import (check_bias, check_equal, check_kernel, conv_attrs, data_shape,
+                      make_plan, same_rank, weights_dims)
 from ._plan import spec_op
 
 DIALECT = "onednn"
@@ -69,8 +69,10 @@ def _weights_from_shape(op, name, value, rank, wl, groups, *, o, c, o_what, c_wh
     channel dims of a full shape against ``o`` and ``c`` (canonical O, C/G)."""
     dims, full = shape_input(op, name, value, rank)
     if not full:
+        check_kernel(op, name, dims)
         return dims
     parts = wl.split(dims, rank - 2)
+    check_kernel(op, name, parts["x"])
     check_equal(op, f"{name} {o_what}", parts["o"], o, f"{name} = {list(dims)} in {wl.name}")
     check_equal(op, f"{name} {c_what}", parts["c"], c, f"{name} = {list(dims)} in {wl.name}")
     return parts["x"]

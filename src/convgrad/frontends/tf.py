@@ -22,7 +22,8 @@ from ..errors import fail
 from ..geometry import (check_conv_output, int_tuple, make_geometry,
                         resolve_pads, shape_input)
 from ..layouts import NCX, NXC, TF_DEPTHWISE_WEIGHTS, TF_WEIGHTS
-from ._common import ConvAttrs, check_equal, data_shape, make_plan, same_rank, weights_dims
+from ._common import (ConvAttrs, check_equal, check_kernel, data_shape, make_plan, same_rank,
+                      weights_dims)
 from ._plan import spec_op
 
 DIALECT = "tf"
@@ -136,6 +137,7 @@ def _wgrad(op, input, filter_sizes, out_backprop, strides, padding, data_format,
     dims, full = shape_input(op, "filter_sizes", filter_sizes, rank)
     wl = TF_DEPTHWISE_WEIGHTS if depthwise else TF_WEIGHTS
     kernel = dims[:rank - 2]
+    check_kernel(op, "filter_sizes", kernel)
     if depthwise:
         groups = c
         if full:
