@@ -6,7 +6,8 @@ with leading axes of size 1.  Sizes come as int64 arrays of length 3.
 
 Every output vector (one pixel's channels, or one tap's weight gradient) is
 a sum of products of channel vectors, ``out += sum_k A[a_k:] * B[b_k:]``:
-the loops first list the offsets ``(a_k, b_k)`` that contribute, then
+the offsets ``(a_k, b_k)`` that contribute come from tables built once per
+call (fwd, dgrad: per position along the last axis) or per row (wgrad), then
 :func:`_accum` adds them four at a time with the channel index innermost, so
 the output vector is loaded and stored once per four products and LLVM
 vectorizes the channel loop.  Where a group holds more than one input or
@@ -28,45 +29,56 @@ _JIT = dict(cache=True, fastmath=False, nogil=True)
 
 
 @njit(**_JIT)
-def _accum(out, ob, A, ao, B, bo, m, n):
-    """``out[ob:ob+n] += sum_{k<m} A[ao[k]:ao[k]+n] * B[bo[k]:bo[k]+n]`` (k in order,
-    four products per pass)."""
-    o = out[ob:ob + n]
-    k = 0
-    while k + 4 <= m:
-        a0 = A[ao[k]:ao[k] + n]
-        a1 = A[ao[k + 1]:ao[k + 1] + n]
-        a2 = A[ao[k + 2]:ao[k + 2] + n]
-        a3 = A[ao[k + 3]:ao[k + 3] + n]
-        b0 = B[bo[k]:bo[k] + n]
-        b1 = B[bo[k + 1]:bo[k + 1] + n]
-        b2 = B[bo[k + 2]:bo[k + 2] + n]
-        b3 = B[bo[k + 3]:bo[k + 3] + n]
-        for c in range(n):
-            o[c] += (a0[c] * b0[c] + a1[c] * b1[c]) + (a2[c] * b2[c] + a3[c] * b3[c])
-        k += 4
-    r = m - k
-    if r == 3:
-        a0 = A[ao[k]:ao[k] + n]
-        a1 = A[ao[k + 1]:ao[k + 1] + n]
-        a2 = A[ao[k + 2]:ao[k + 2] + n]
-        b0 = B[bo[k]:bo[k] + n]
-        b1 = B[bo[k + 1]:bo[k + 1] + n]
-        b2 = B[bo[k + 2]:bo[k + 2] + n]
-        for c in range(n):
-            o[c] += (a0[c] * b0[c] + a1[c] * b1[c]) + a2[c] * b2[c]
-    elif r == 2:
-        a0 = A[ao[k]:ao[k] + n]
-        a1 = A[ao[k + 1]:ao[k + 1] + n]
-        b0 = B[bo[k]:bo[k] + n]
-        b1 = B[bo[k + 1]:bo[k + 1] + n]
-        for c in range(n):
-            o[c] += a0[c] * b0[c] + a1[c] * b1[c]
-    elif r == 1:
-        a0 = A[ao[k]:ao[k] + n]
-        b0 = B[bo[k]:bo[k] + n]
-        for c in range(n):
-            o[c] += a0[c] * b0[c]
+def _accum(out, ob, A, abase, ao, B, bbase, bo, cnt, L, npix, n):
+    """For ``p < npix``: ``out[ob + p*n :][:n] += sum_{k < cnt[p]} A[a:][:n] * B[b:][:n]``
+    with ``a = abase + ao[p*L + k]``, ``b = bbase + bo[p*L + k]`` (k in order,
+    four products per pass).
+
+    Indices are unsigned (numba then emits no negative-index wraparound, and
+    LLVM vectorizes the channel loop); no array is sliced (a numba slice costs
+    more than a short channel loop)."""
+    nu = np.uint64(n)
+    for p in range(npix):
+        o = np.uint64(ob + p * n)
+        m = cnt[p]
+        e = p * L
+        k = 0
+        while k + 4 <= m:
+            a0 = np.uint64(abase + ao[e + k])
+            a1 = np.uint64(abase + ao[e + k + 1])
+            a2 = np.uint64(abase + ao[e + k + 2])
+            a3 = np.uint64(abase + ao[e + k + 3])
+            b0 = np.uint64(bbase + bo[e + k])
+            b1 = np.uint64(bbase + bo[e + k + 1])
+            b2 = np.uint64(bbase + bo[e + k + 2])
+            b3 = np.uint64(bbase + bo[e + k + 3])
+            for c in range(nu):
+                out[o + c] += ((A[a0 + c] * B[b0 + c] + A[a1 + c] * B[b1 + c])
+                               + (A[a2 + c] * B[b2 + c] + A[a3 + c] * B[b3 + c]))
+            k += 4
+        r = m - k
+        if r == 3:
+            a0 = np.uint64(abase + ao[e + k])
+            a1 = np.uint64(abase + ao[e + k + 1])
+            a2 = np.uint64(abase + ao[e + k + 2])
+            b0 = np.uint64(bbase + bo[e + k])
+            b1 = np.uint64(bbase + bo[e + k + 1])
+            b2 = np.uint64(bbase + bo[e + k + 2])
+            for c in range(nu):
+                out[o + c] += ((A[a0 + c] * B[b0 + c] + A[a1 + c] * B[b1 + c])
+                               + A[a2 + c] * B[b2 + c])
+        elif r == 2:
+            a0 = np.uint64(abase + ao[e + k])
+            a1 = np.uint64(abase + ao[e + k + 1])
+            b0 = np.uint64(bbase + bo[e + k])
+            b1 = np.uint64(bbase + bo[e + k + 1])
+            for c in range(nu):
+                out[o + c] += A[a0 + c] * B[b0 + c] + A[a1 + c] * B[b1 + c]
+        elif r == 1:
+            a0 = np.uint64(abase + ao[e + k])
+            b0 = np.uint64(bbase + bo[e + k])
+            for c in range(nu):
+                out[o + c] += A[a0 + c] * B[b0 + c]
 
 
 @njit(**_JIT)
@@ -99,45 +111,44 @@ def fwd(x, w, y, xs, ks, ys, C, O, s, d, pb, cg, og, r0, r1):
     OD, OH, OW = ys[1], ys[2], ys[3]
     expand = cg > 1 or og > 1
     rowlen = W * cg * O if expand else W * C      # one row of A
+    # along the last axis, per output position p: the (A, w) offsets of its
+    # taps inside one row (computed once, not per pixel)
+    L = KW * cg
+    ncol = np.zeros(OW, np.int64)
+    cola = np.empty(OW * L, np.int64)
+    colb = np.empty(OW * L, np.int64)
+    for p in range(OW):
+        for tw in range(KW):
+            q = p * s[2] + tw * d[2] - pb[2]
+            if q < 0 or q >= W:
+                continue
+            for i in range(cg):
+                cola[p * L + ncol[p]] = (q * cg + i) * O if expand else q * C
+                colb[p * L + ncol[p]] = (tw * cg + i) * O
+                ncol[p] += 1
     for r in range(r0, r1):
         n = r // (OD * OH)
         pd = (r // OH) % OD
         ph = r % OH
         yb = r * OW * O
         y[yb:yb + OW * O] = 0
-        buf = np.empty(KD * KH * rowlen if expand else 0, x.dtype)
+        buf = np.empty(rowlen if expand else 0, x.dtype)
         A = buf if expand else x
-        rows = np.empty(KD * KH, np.int64)        # A offset of each valid (td, th), or -1
         for td in range(KD):
             qd = pd * s[0] + td * d[0] - pb[0]
+            if qd < 0 or qd >= D:
+                continue
             for th in range(KH):
                 qh = ph * s[1] + th * d[1] - pb[1]
-                k = td * KH + th
-                rows[k] = -1
-                if qd < 0 or qd >= D or qh < 0 or qh >= H:
+                if qh < 0 or qh >= H:
                     continue
                 xb = ((n * D + qd) * H + qh) * W * C
+                abase = xb
                 if expand:
-                    _expand(x, xb, W, C, buf, k * rowlen, cg, O, og, cg)
-                    rows[k] = k * rowlen
-                else:
-                    rows[k] = xb
-        ao = np.empty(KD * KH * KW * cg, np.int64)
-        bo = np.empty(KD * KH * KW * cg, np.int64)
-        for p in range(OW):
-            m = 0
-            for k in range(KD * KH):
-                if rows[k] < 0:
-                    continue
-                for tw in range(KW):
-                    q = p * s[2] + tw * d[2] - pb[2]
-                    if q < 0 or q >= W:
-                        continue
-                    for i in range(cg):
-                        ao[m] = rows[k] + (q * cg + i) * O if expand else rows[k] + q * C
-                        bo[m] = ((k * KW + tw) * cg + i) * O
-                        m += 1
-            _accum(y, yb + p * O, A, ao, w, bo, m, O)
+                    _expand(x, xb, W, C, buf, 0, cg, O, og, cg)
+                    abase = 0
+                bbase = (td * KH + th) * L * O
+                _accum(y, yb, A, abase, cola, w, bbase, colb, ncol, L, OW, O)
     return y
 
 
@@ -148,56 +159,47 @@ def dgrad(we, dy, dx, xs, ks, ys, C, O, s, d, pb, cg, og, r0, r1):
     N, D, H, W = xs[0], xs[1], xs[2], xs[3]
     KD, KH, KW = ks[0], ks[1], ks[2]
     OD, OH, OW = ys[1], ys[2], ys[3]
-    expand = cg > 1 or og > 1
+    expand = og > 1 or cg > 1
     rowlen = OW * og * C if expand else OW * O
-    # along the last axis, the output position each (q, tw) reads, or -1
-    # (divisions hoisted out of the per-pixel loop)
-    pw = np.empty(W * KW, np.int64)
+    # along the last axis, per input position q: the (A, we) offsets of the
+    # (p, tw) that reach it inside one row (divisions out of the pixel loop)
+    L = KW * og
+    ncol = np.zeros(W, np.int64)
+    cola = np.empty(W * L, np.int64)
+    colb = np.empty(W * L, np.int64)
     for q in range(W):
         for tw in range(KW):
             nw = q + pb[2] - tw * d[2]
-            ok = nw >= 0 and nw % s[2] == 0 and nw // s[2] < OW
-            pw[q * KW + tw] = nw // s[2] if ok else -1
+            if nw < 0 or nw % s[2] != 0 or nw // s[2] >= OW:
+                continue
+            p = nw // s[2]
+            for j in range(og):
+                cola[q * L + ncol[q]] = (p * og + j) * C if expand else p * O
+                colb[q * L + ncol[q]] = (tw * og + j) * C
+                ncol[q] += 1
     for r in range(r0, r1):
         n = r // (D * H)
         qd = (r // H) % D
         qh = r % H
         xb = r * W * C
         dx[xb:xb + W * C] = 0
-        buf = np.empty(KD * KH * rowlen if expand else 0, dy.dtype)
+        buf = np.empty(rowlen if expand else 0, dy.dtype)
         A = buf if expand else dy
-        rows = np.empty(KD * KH, np.int64)
         for td in range(KD):
             nd = qd + pb[0] - td * d[0]
+            if nd < 0 or nd % s[0] != 0 or nd // s[0] >= OD:
+                continue
             for th in range(KH):
                 nh = qh + pb[1] - th * d[1]
-                k = td * KH + th
-                rows[k] = -1
-                if (nd < 0 or nd % s[0] != 0 or nd // s[0] >= OD
-                        or nh < 0 or nh % s[1] != 0 or nh // s[1] >= OH):
+                if nh < 0 or nh % s[1] != 0 or nh // s[1] >= OH:
                     continue
                 yb = ((n * OD + nd // s[0]) * OH + nh // s[1]) * OW * O
+                abase = yb
                 if expand:
-                    _expand(dy, yb, OW, O, buf, k * rowlen, og, C, cg, og)
-                    rows[k] = k * rowlen
-                else:
-                    rows[k] = yb
-        ao = np.empty(KD * KH * KW * og, np.int64)
-        bo = np.empty(KD * KH * KW * og, np.int64)
-        for q in range(W):
-            m = 0
-            for k in range(KD * KH):
-                if rows[k] < 0:
-                    continue
-                for tw in range(KW):
-                    p = pw[q * KW + tw]
-                    if p < 0:
-                        continue
-                    for j in range(og):
-                        ao[m] = rows[k] + (p * og + j) * C if expand else rows[k] + p * O
-                        bo[m] = ((k * KW + tw) * og + j) * C
-                        m += 1
-            _accum(dx, xb + q * C, A, ao, we, bo, m, C)
+                    _expand(dy, yb, OW, O, buf, 0, og, C, cg, og)
+                    abase = 0
+                bbase = (td * KH + th) * L * C
+                _accum(dx, xb, A, abase, cola, we, bbase, colb, ncol, L, W, C)
     return dx
 
 
@@ -218,6 +220,7 @@ def wgrad_partials(x, dy, part, xs, ks, ys, C, O, s, d, pb, cg, og, k0, k1, nchu
         A = buf if expand else x
         ao = np.empty(OW, np.int64)
         bo = np.empty(OW, np.int64)
+        cnt = np.empty(1, np.int64)
         for r in range(k * rows // nchunks, (k + 1) * rows // nchunks):
             n = r // (OD * OH)
             pd = (r // OH) % OD
@@ -245,5 +248,7 @@ def wgrad_partials(x, dy, part, xs, ks, ys, C, O, s, d, pb, cg, og, k0, k1, nchu
                                 ao[m] = (q * cg + i) * O if expand else xb + q * C
                                 bo[m] = yb + p * O
                                 m += 1
-                            _accum(part, pb0 + (t * cg + i) * O, A, ao, dy, bo, m, O)
+                            cnt[0] = m
+                            _accum(part, pb0 + (t * cg + i) * O, A, 0, ao, dy, 0, bo, cnt,
+                                   0, 1, O)
     return part
