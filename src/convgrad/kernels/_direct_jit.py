@@ -11,7 +11,7 @@ call (fwd, dgrad: per position along the last axis) or per row (wgrad), then
 :func:`_accum` adds them four at a time with the channel index innermost, so
 the output vector is loaded and stored once per four products and LLVM
 vectorizes the channel loop.  Where a group holds more than one input or
-output channel, the rows that are read are first *expanded* (:func:`_expand`)
+output channel, the rows that are read are first *expanded* (:func:`_cached_row`)
 so that what meets output channel ``o`` sits at index ``o``.
 
 Each function computes a range of output rows (fwd, dgrad) or of row chunks
@@ -82,17 +82,32 @@ def _accum(out, ob, A, abase, ao, B, bbase, bo, cnt, L, npix, n):
 
 
 @njit(**_JIT)
-def _expand(src, s0, L, cs, dst, d0, k, cd, a, b):
-    """For ``l < L``, ``i < k``, ``o < cd``:
-    ``dst[d0 + (l*k + i)*cd + o] = src[s0 + l*cs + (o // a)*b + i]``."""
-    for l in range(L):
-        for i in range(k):
-            base = d0 + (l * k + i) * cd
-            sb = s0 + l * cs + i
-            for g in range(cd // a):
-                v = src[sb + g * b]
-                for j in range(a):
-                    dst[base + g * a + j] = v
+def _index(k, cd, a, b):
+    """Expansion index: ``idx[i*cd + o] = (o // a)*b + i`` for ``i < k``, ``o < cd``."""
+    idx = np.empty(k * cd, np.uint64)
+    for i in range(k):
+        for o in range(cd):
+            idx[i * cd + o] = (o // a) * b + i
+    return idx
+
+
+@njit(**_JIT)
+def _cached_row(src, s0, rid, L, cs, cache, tags, idx):
+    """Offset in ``cache`` of source row ``rid`` (``L`` positions of ``cs``
+    channels from ``src[s0]``) expanded by ``idx``, expanding it on a miss.
+    A direct-mapped cache: consecutive output rows share most source rows."""
+    nslots = tags.shape[0]
+    E = idx.shape[0]
+    slot = rid % nslots
+    base = slot * L * E
+    if tags[slot] != rid:
+        for l in range(L):
+            sb = np.uint64(s0 + l * cs)
+            db = np.uint64(base + l * E)
+            for e in range(np.uint64(E)):
+                cache[db + e] = src[sb + idx[e]]
+        tags[slot] = rid
+    return base
 
 
 @njit(**_JIT)
@@ -126,14 +141,16 @@ def fwd(x, w, y, xs, ks, ys, C, O, s, d, pb, cg, og, r0, r1):
                 cola[p * L + ncol[p]] = (q * cg + i) * O if expand else q * C
                 colb[p * L + ncol[p]] = (tw * cg + i) * O
                 ncol[p] += 1
+    idx = _index(cg, O, og, cg)
+    cache = np.empty(KD * KH * rowlen if expand else 0, x.dtype)
+    tags = np.full(KD * KH, -1, np.int64)
+    A = cache if expand else x
     for r in range(r0, r1):
         n = r // (OD * OH)
         pd = (r // OH) % OD
         ph = r % OH
         yb = r * OW * O
         y[yb:yb + OW * O] = 0
-        buf = np.empty(rowlen if expand else 0, x.dtype)
-        A = buf if expand else x
         for td in range(KD):
             qd = pd * s[0] + td * d[0] - pb[0]
             if qd < 0 or qd >= D:
@@ -142,11 +159,10 @@ def fwd(x, w, y, xs, ks, ys, C, O, s, d, pb, cg, og, r0, r1):
                 qh = ph * s[1] + th * d[1] - pb[1]
                 if qh < 0 or qh >= H:
                     continue
-                xb = ((n * D + qd) * H + qh) * W * C
-                abase = xb
+                rid = (n * D + qd) * H + qh
+                abase = rid * W * C
                 if expand:
-                    _expand(x, xb, W, C, buf, 0, cg, O, og, cg)
-                    abase = 0
+                    abase = _cached_row(x, abase, rid, W, C, cache, tags, idx)
                 bbase = (td * KH + th) * L * O
                 _accum(y, yb, A, abase, cola, w, bbase, colb, ncol, L, OW, O)
     return y
@@ -177,14 +193,16 @@ def dgrad(we, dy, dx, xs, ks, ys, C, O, s, d, pb, cg, og, r0, r1):
                 cola[q * L + ncol[q]] = (p * og + j) * C if expand else p * O
                 colb[q * L + ncol[q]] = (tw * og + j) * C
                 ncol[q] += 1
+    idx = _index(og, C, cg, og)
+    cache = np.empty(KD * KH * rowlen if expand else 0, dy.dtype)
+    tags = np.full(KD * KH, -1, np.int64)
+    A = cache if expand else dy
     for r in range(r0, r1):
         n = r // (D * H)
         qd = (r // H) % D
         qh = r % H
         xb = r * W * C
         dx[xb:xb + W * C] = 0
-        buf = np.empty(rowlen if expand else 0, dy.dtype)
-        A = buf if expand else dy
         for td in range(KD):
             nd = qd + pb[0] - td * d[0]
             if nd < 0 or nd % s[0] != 0 or nd // s[0] >= OD:
@@ -193,11 +211,10 @@ def dgrad(we, dy, dx, xs, ks, ys, C, O, s, d, pb, cg, og, r0, r1):
                 nh = qh + pb[1] - th * d[1]
                 if nh < 0 or nh % s[1] != 0 or nh // s[1] >= OH:
                     continue
-                yb = ((n * OD + nd // s[0]) * OH + nh // s[1]) * OW * O
-                abase = yb
+                rid = (n * OD + nd // s[0]) * OH + nh // s[1]
+                abase = rid * OW * O
                 if expand:
-                    _expand(dy, yb, OW, O, buf, 0, og, C, cg, og)
-                    abase = 0
+                    abase = _cached_row(dy, abase, rid, OW, O, cache, tags, idx)
                 bbase = (td * KH + th) * L * C
                 _accum(dx, xb, A, abase, cola, we, bbase, colb, ncol, L, W, C)
     return dx
@@ -213,11 +230,13 @@ def wgrad_partials(x, dy, part, xs, ks, ys, C, O, s, d, pb, cg, og, k0, k1, nchu
     T = KD * KH * KW
     rows = N * OD * OH
     expand = cg > 1 or og > 1
+    idx = _index(cg, O, og, cg)
     for k in range(k0, k1):
         pb0 = k * T * cg * O
         part[pb0:pb0 + T * cg * O] = 0
-        buf = np.empty(W * cg * O if expand else 0, x.dtype)
-        A = buf if expand else x
+        cache = np.empty(KD * KH * W * cg * O if expand else 0, x.dtype)
+        tags = np.full(KD * KH, -1, np.int64)
+        A = cache if expand else x
         ao = np.empty(OW, np.int64)
         bo = np.empty(OW, np.int64)
         cnt = np.empty(1, np.int64)
@@ -234,9 +253,10 @@ def wgrad_partials(x, dy, part, xs, ks, ys, C, O, s, d, pb, cg, og, k0, k1, nchu
                     qh = ph * s[1] + th * d[1] - pb[1]
                     if qh < 0 or qh >= H:
                         continue
-                    xb = ((n * D + qd) * H + qh) * W * C
+                    rid = (n * D + qd) * H + qh
+                    xb = rid * W * C
                     if expand:
-                        _expand(x, xb, W, C, buf, 0, cg, O, og, cg)
+                        xb = _cached_row(x, xb, rid, W, C, cache, tags, idx)
                     for tw in range(KW):
                         off = tw * d[2] - pb[2]
                         p0, p1 = _range(off, s[2], OW, W)
@@ -245,7 +265,7 @@ def wgrad_partials(x, dy, part, xs, ks, ys, C, O, s, d, pb, cg, og, k0, k1, nchu
                             m = 0
                             for p in range(p0, p1):
                                 q = p * s[2] + off
-                                ao[m] = (q * cg + i) * O if expand else xb + q * C
+                                ao[m] = xb + (q * cg + i) * O if expand else xb + q * C
                                 bo[m] = yb + p * O
                                 m += 1
                             cnt[0] = m
