@@ -62,7 +62,7 @@ def _threads(geom: ConvGeometry) -> int:
     return 1 if geom.flops < SERIAL_FLOPS else max(1, want)
 
 
-_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 
 
@@ -72,10 +72,11 @@ def _run(fn, args, ntasks: int, threads: int) -> None:
     if threads <= 1 or ntasks <= 1:
         fn(*args, 0, ntasks)
         return
+    key = (os.getpid(), threads)            # a forked child gets pools of its own
     with _POOLS_LOCK:
-        pool = _POOLS.get(threads)
+        pool = _POOLS.get(key)
         if pool is None:
-            pool = _POOLS[threads] = ThreadPoolExecutor(threads, "convgrad-direct")
+            pool = _POOLS[key] = ThreadPoolExecutor(threads, "convgrad-direct")
     nblocks = min(ntasks, 4 * threads)
     bounds = [ntasks * i // nblocks for i in range(nblocks + 1)]
     futures = [pool.submit(fn, *args, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
