@@ -49,7 +49,8 @@ def problem(layer, rng):
     n, c, o, g = layer["N"], layer["C"], layer["O"], layer["groups"]
     k, s, p, d = layer["K"], layer["strides"], layer["pads"], layer["dilations"]
     sizes = layer["S"]
-    out = [(L + 2 * pp - (kk - 1) * dd - 1) // ss + 1 for L, kk, ss, pp, dd in zip(sizes, k, s, p, d)]
+    out = [(L + 2 * pp - (kk - 1) * dd - 1) // ss + 1
+           for L, kk, ss, pp, dd in zip(sizes, k, s, p, d)]
     x = rng.standard_normal((n, *sizes, c), dtype=np.float32)         # NXC
     dy = rng.standard_normal((n, *out, o), dtype=np.float32)
     w = rng.standard_normal((*k, c // g, o), dtype=np.float32)        # XIO

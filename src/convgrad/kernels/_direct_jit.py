@@ -1,8 +1,8 @@
 """The numba loops of the direct kernel (see :mod:`convgrad.kernels.direct`).
 
 Everything here is 3-D and channels last, on flat (1-D) views: data
-``(N, D, H, W, C)``, weights ``(KD, KH, KW, C/G, O)``; lower ranks arrive
-with leading axes of size 1.  Sizes come as int64 arrays of length 3.
+``(N, D, H, W, C)``, weights ``(KD, KH, KW, C/G, O)`` (``O`` is ``CO`` in the
+code); lower ranks arrive with leading axes of size 1.  Sizes come as int64 arrays of length 3.
 
 Every output vector (one pixel's channels, or one tap's weight gradient) is
 a sum of products of channel vectors, ``out += sum_k A[a_k:] * B[b_k:]``:
@@ -101,9 +101,9 @@ def _cached_row(src, s0, rid, L, cs, cache, tags, idx):
     slot = rid % nslots
     base = slot * L * E
     if tags[slot] != rid:
-        for l in range(L):
-            sb = np.uint64(s0 + l * cs)
-            db = np.uint64(base + l * E)
+        for pos in range(L):
+            sb = np.uint64(s0 + pos * cs)
+            db = np.uint64(base + pos * E)
             for e in range(np.uint64(E)):
                 cache[db + e] = src[sb + idx[e]]
         tags[slot] = rid
@@ -119,13 +119,13 @@ def _range(off, s, n_out, n_in):
 
 
 @njit(**_JIT)
-def fwd(x, w, y, xs, ks, ys, C, O, s, d, pb, cg, og, r0, r1):
+def fwd(x, w, y, xs, ks, ys, C, CO, s, d, pb, cg, og, r0, r1):
     """``y[n, p, o] = sum_{t, i} x[n, p*s + t*d - pb, g(o)*cg + i] * w[t, i, o]``."""
-    N, D, H, W = xs[0], xs[1], xs[2], xs[3]
+    D, H, W = xs[1], xs[2], xs[3]
     KD, KH, KW = ks[0], ks[1], ks[2]
     OD, OH, OW = ys[1], ys[2], ys[3]
     expand = cg > 1 or og > 1
-    rowlen = W * cg * O if expand else W * C      # one row of A
+    rowlen = W * cg * CO if expand else W * C      # one row of A
     # along the last axis, per output position p: the (A, w) offsets of its
     # taps inside one row (computed once, not per pixel)
     L = KW * cg
@@ -138,10 +138,10 @@ def fwd(x, w, y, xs, ks, ys, C, O, s, d, pb, cg, og, r0, r1):
             if q < 0 or q >= W:
                 continue
             for i in range(cg):
-                cola[p * L + ncol[p]] = (q * cg + i) * O if expand else q * C
-                colb[p * L + ncol[p]] = (tw * cg + i) * O
+                cola[p * L + ncol[p]] = (q * cg + i) * CO if expand else q * C
+                colb[p * L + ncol[p]] = (tw * cg + i) * CO
                 ncol[p] += 1
-    idx = _index(cg, O, og, cg)
+    idx = _index(cg, CO, og, cg)
     cache = np.empty(KD * KH * rowlen if expand else 0, x.dtype)
     tags = np.full(KD * KH, -1, np.int64)
     A = cache if expand else x
@@ -149,8 +149,8 @@ def fwd(x, w, y, xs, ks, ys, C, O, s, d, pb, cg, og, r0, r1):
         n = r // (OD * OH)
         pd = (r // OH) % OD
         ph = r % OH
-        yb = r * OW * O
-        y[yb:yb + OW * O] = 0
+        yb = r * OW * CO
+        y[yb:yb + OW * CO] = 0
         for td in range(KD):
             qd = pd * s[0] + td * d[0] - pb[0]
             if qd < 0 or qd >= D:
@@ -163,20 +163,20 @@ def fwd(x, w, y, xs, ks, ys, C, O, s, d, pb, cg, og, r0, r1):
                 abase = rid * W * C
                 if expand:
                     abase = _cached_row(x, abase, rid, W, C, cache, tags, idx)
-                bbase = (td * KH + th) * L * O
-                _accum(y, yb, A, abase, cola, w, bbase, colb, ncol, L, OW, O)
+                bbase = (td * KH + th) * L * CO
+                _accum(y, yb, A, abase, cola, w, bbase, colb, ncol, L, OW, CO)
     return y
 
 
 @njit(**_JIT)
-def dgrad(we, dy, dx, xs, ks, ys, C, O, s, d, pb, cg, og, r0, r1):
+def dgrad(we, dy, dx, xs, ks, ys, C, CO, s, d, pb, cg, og, r0, r1):
     """``dx[n, q, c] = sum_{t, j} dy[n, p, g(c)*og + j] * we[t, j, c]`` over the
     ``(p, t)`` with ``p*s + t*d - pb = q``; ``we[t, j, c] = w[t, c % cg, g(c)*og + j]``."""
-    N, D, H, W = xs[0], xs[1], xs[2], xs[3]
+    D, H, W = xs[1], xs[2], xs[3]
     KD, KH, KW = ks[0], ks[1], ks[2]
     OD, OH, OW = ys[1], ys[2], ys[3]
     expand = og > 1 or cg > 1
-    rowlen = OW * og * C if expand else OW * O
+    rowlen = OW * og * C if expand else OW * CO
     # along the last axis, per input position q: the (A, we) offsets of the
     # (p, tw) that reach it inside one row (divisions out of the pixel loop)
     L = KW * og
@@ -190,7 +190,7 @@ def dgrad(we, dy, dx, xs, ks, ys, C, O, s, d, pb, cg, og, r0, r1):
                 continue
             p = nw // s[2]
             for j in range(og):
-                cola[q * L + ncol[q]] = (p * og + j) * C if expand else p * O
+                cola[q * L + ncol[q]] = (p * og + j) * C if expand else p * CO
                 colb[q * L + ncol[q]] = (tw * og + j) * C
                 ncol[q] += 1
     idx = _index(og, C, cg, og)
@@ -212,29 +212,29 @@ def dgrad(we, dy, dx, xs, ks, ys, C, O, s, d, pb, cg, og, r0, r1):
                 if nh < 0 or nh % s[1] != 0 or nh // s[1] >= OH:
                     continue
                 rid = (n * OD + nd // s[0]) * OH + nh // s[1]
-                abase = rid * OW * O
+                abase = rid * OW * CO
                 if expand:
-                    abase = _cached_row(dy, abase, rid, OW, O, cache, tags, idx)
+                    abase = _cached_row(dy, abase, rid, OW, CO, cache, tags, idx)
                 bbase = (td * KH + th) * L * C
                 _accum(dx, xb, A, abase, cola, we, bbase, colb, ncol, L, W, C)
     return dx
 
 
 @njit(**_JIT)
-def wgrad_partials(x, dy, part, xs, ks, ys, C, O, s, d, pb, cg, og, k0, k1, nchunks):
+def wgrad_partials(x, dy, part, xs, ks, ys, C, CO, s, d, pb, cg, og, k0, k1, nchunks):
     """``part[k, t, i, o]`` for ``k0 <= k < k1``: the sum over the rows of chunk ``k`` of
     ``x[n, p*s + t*d - pb, g(o)*cg + i] * dy[n, p, o]``."""
-    N, D, H, W = xs[0], xs[1], xs[2], xs[3]
+    D, H, W = xs[1], xs[2], xs[3]
     KD, KH, KW = ks[0], ks[1], ks[2]
     OD, OH, OW = ys[1], ys[2], ys[3]
     T = KD * KH * KW
-    rows = N * OD * OH
+    rows = xs[0] * OD * OH
     expand = cg > 1 or og > 1
-    idx = _index(cg, O, og, cg)
+    idx = _index(cg, CO, og, cg)
     for k in range(k0, k1):
-        pb0 = k * T * cg * O
-        part[pb0:pb0 + T * cg * O] = 0
-        cache = np.empty(KD * KH * W * cg * O if expand else 0, x.dtype)
+        pb0 = k * T * cg * CO
+        part[pb0:pb0 + T * cg * CO] = 0
+        cache = np.empty(KD * KH * W * cg * CO if expand else 0, x.dtype)
         tags = np.full(KD * KH, -1, np.int64)
         A = cache if expand else x
         ao = np.empty(OW, np.int64)
@@ -244,7 +244,7 @@ def wgrad_partials(x, dy, part, xs, ks, ys, C, O, s, d, pb, cg, og, k0, k1, nchu
             n = r // (OD * OH)
             pd = (r // OH) % OD
             ph = r % OH
-            yb = r * OW * O
+            yb = r * OW * CO
             for td in range(KD):
                 qd = pd * s[0] + td * d[0] - pb[0]
                 if qd < 0 or qd >= D:
@@ -265,10 +265,10 @@ def wgrad_partials(x, dy, part, xs, ks, ys, C, O, s, d, pb, cg, og, k0, k1, nchu
                             m = 0
                             for p in range(p0, p1):
                                 q = p * s[2] + off
-                                ao[m] = xb + (q * cg + i) * O if expand else xb + q * C
-                                bo[m] = yb + p * O
+                                ao[m] = xb + (q * cg + i) * CO if expand else xb + q * C
+                                bo[m] = yb + p * CO
                                 m += 1
                             cnt[0] = m
-                            _accum(part, pb0 + (t * cg + i) * O, A, 0, ao, dy, 0, bo, cnt,
-                                   0, 1, O)
+                            _accum(part, pb0 + (t * cg + i) * CO, A, 0, ao, dy, 0, bo, cnt,
+                                   0, 1, CO)
     return part

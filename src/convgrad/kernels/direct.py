@@ -27,7 +27,9 @@ import numpy as np
 from .. import settings
 from ..geometry import ConvGeometry
 
-# C/G * O/G above this: the GEMM kernels win (measured, see supports()).
+# C/G * O/G above this, oneDNN-class GEMM kernels win (benchmarks/direct_kernel.py
+# --crossover: at 4x4 the direct kernel is about even with PyTorch, at 8x8
+# 0.45-0.6x, at 16x16 0.2-0.3x; it beats im2col at every size).
 MAX_GROUP_PRODUCT = 16
 # Below this many FLOPs one thread is faster than waking the others.
 SERIAL_FLOPS = 2**18
@@ -134,7 +136,7 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
 
 
 def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
-    cg, og = geom.c // geom.groups, geom.o // geom.groups
+    cg = geom.c // geom.groups
     dw = np.zeros((*geom.kernel, cg, geom.o), x.dtype)
     if dw.size == 0 or x.size == 0 or dy.size == 0:
         return dw
