@@ -49,7 +49,8 @@ def problem(layer, rng):
     n, c, o, g = layer["N"], layer["C"], layer["O"], layer["groups"]
     k, s, p, d = layer["K"], layer["strides"], layer["pads"], layer["dilations"]
     sizes = layer["S"]
-    out = [(L + 2 * pp - (kk - 1) * dd - 1) // ss + 1 for L, kk, ss, pp, dd in zip(sizes, k, s, p, d)]
+    out = [(L + 2 * pp - (kk - 1) * dd - 1) // ss + 1
+           for L, kk, ss, pp, dd in zip(sizes, k, s, p, d)]
     x = rng.standard_normal((n, *sizes, c), dtype=np.float32)         # NXC
     dy = rng.standard_normal((n, *out, o), dtype=np.float32)
     w = rng.standard_normal((*k, c // g, o), dtype=np.float32)        # XIO
@@ -144,6 +145,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--crossover", action="store_true",
                     help="sweep C/G = O/G at fixed channels: direct vs im2col vs torch")
+    ap.add_argument("--algos", default=None,
+                    help="comma-separated convgrad algorithms to time (first is the one rated)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--suite", type=Path, default=SUITE, help="suite.json-style layer list")
     args = ap.parse_args()
@@ -171,13 +174,15 @@ def main():
         suite = {lay["name"]: lay for lay in json.loads(args.suite.read_text())["layers"]}
         layers = [suite[n] for n in LAYERS]
         algos = ("direct",)
+    if args.algos:
+        algos = tuple(args.algos.split(","))
     print(f"{'layer':28s} {'op':6s} " + " ".join(f"{a:>16s}" for a in algos)
           + f" {'torch':>8s} {'torch_cl':>8s} {'ratio':>6s} {'GB/s':>6s} {'%bw':>5s} {'GF/s':>6s}")
     for layer in layers:
         for op in layer["ops"]:
             med, nbytes, flops = run_layer(layer, op, rng, algos)
             peer = min(v for k, v in med.items() if k.startswith("torch"))
-            mine = med["convgrad[direct]"]
+            mine = med[f"convgrad[{algos[0]}]"]
             gbs = nbytes / mine / 1e9
             print(f"{layer['name']:28s} {op:6s} "
                   + " ".join(f"{med[f'convgrad[{a}]'] * 1e3:13.2f} ms" for a in algos)

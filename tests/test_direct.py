@@ -117,3 +117,27 @@ def test_direct_kernel_through_onednn_channels_last():
                  np.float32)
     assert_close(ncx(dx),
                  naive.dgrad(oix, ncx(dd), (15, 14), **a), np.float32)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_direct_kernel_runs_in_a_forked_child():
+    # the worker pool of the parent does not exist in a forked child: the child
+    # must get its own instead of waiting for the parent's threads forever
+    import multiprocessing
+    case = direct_case((3, 24, 48, 12, (40, 33), (3, 3), (1, 2), (1, 1), (1, 1), (1, 1)))
+    geom = geometry(case)
+    x, w, dy = arrays(case, np.random.default_rng(2), np.float32)
+    kernel = kernels.select("dgrad", geom, np.float32, "direct")
+    want = run(kernel, "dgrad", w, dy, geom)              # starts the parent's pool
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(_dgrad_in_child, (case, w, dy)).get(timeout=TIMEOUT)
+    np.testing.assert_array_equal(got, want)
+
+
+TIMEOUT = 120
+
+
+def _dgrad_in_child(case, w, dy):
+    geom = geometry(case)
+    return run(kernels.select("dgrad", geom, np.float32, "direct"), "dgrad", w, dy, geom)

@@ -27,7 +27,9 @@ import numpy as np
 from .. import settings
 from ..geometry import ConvGeometry
 
-# C/G * O/G above this: the GEMM kernels win (measured, see supports()).
+# C/G * O/G above this, oneDNN-class GEMM kernels win (benchmarks/direct_kernel.py
+# --crossover: at 4x4 the direct kernel is about even with PyTorch, at 8x8
+# 0.45-0.6x, at 16x16 0.2-0.3x; it beats im2col at every size).
 MAX_GROUP_PRODUCT = 16
 # Below this many FLOPs one thread is faster than waking the others.
 SERIAL_FLOPS = 2**18
@@ -62,7 +64,7 @@ def _threads(geom: ConvGeometry) -> int:
     return 1 if geom.flops < SERIAL_FLOPS else max(1, want)
 
 
-_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 
 
@@ -72,10 +74,11 @@ def _run(fn, args, ntasks: int, threads: int) -> None:
     if threads <= 1 or ntasks <= 1:
         fn(*args, 0, ntasks)
         return
+    key = (os.getpid(), threads)            # a forked child gets pools of its own
     with _POOLS_LOCK:
-        pool = _POOLS.get(threads)
+        pool = _POOLS.get(key)
         if pool is None:
-            pool = _POOLS[threads] = ThreadPoolExecutor(threads, "convgrad-direct")
+            pool = _POOLS[key] = ThreadPoolExecutor(threads, "convgrad-direct")
     nblocks = min(ntasks, 4 * threads)
     bounds = [ntasks * i // nblocks for i in range(nblocks + 1)]
     futures = [pool.submit(fn, *args, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
