@@ -131,19 +131,36 @@ def workers() -> int:
 
 
 def run_parallel(tasks) -> list:
-    """Run zero-argument callables on the pool (in this thread if one worker);
-    results in task order.  The BLAS calls inside are single-threaded while
-    the pool runs (see :func:`single_threaded_blas`)."""
+    """Run zero-argument callables on the pool; results in task order.
+
+    The BLAS calls inside run single-threaded (see
+    :func:`single_threaded_blas`): OpenBLAS's float32 results depend on its
+    thread count, so a fixed count keeps repeated calls bitwise equal."""
     tasks = list(tasks)
-    nw = min(workers(), len(tasks))
-    if nw <= 1:
-        return [t() for t in tasks]
-    with _pool_lock:
-        pool = _pools.get(nw)
-        if pool is None:
-            pool = _pools[nw] = ThreadPoolExecutor(nw, thread_name_prefix="convgrad")
+    if not tasks:
+        return []
+    nw = max(1, min(workers(), len(tasks)))
+    # Always on the pool's threads, even for one task: OpenBLAS (0.3.30 here)
+    # returns different bits for the same GEMM called from the main thread and
+    # from other threads, so the caller's thread must not matter.
     with single_threaded_blas():
-        return [f.result() for f in [pool.submit(t) for t in tasks]]
+        with _pool_lock:
+            pool = _pools.get(nw)
+            if pool is None:
+                pool = _pools[nw] = ThreadPoolExecutor(nw, thread_name_prefix="convgrad")
+        libs = [lc for lc, _ in (_limiter or ())]
+
+        def pinned(task):
+            # OpenBLAS 0.3.30 here keeps a thread count per calling thread when
+            # it is set from a thread other than the one that loaded it: pin it
+            # in the worker itself, so no caller thread changes the results.
+            def run():
+                for lc in libs:
+                    lc.set_num_threads(1)
+                return task()
+            return run
+
+        return [f.result() for f in [pool.submit(pinned(t)) for t in tasks]]
 
 
 _controller = None
@@ -152,9 +169,23 @@ _limit_depth = 0
 _limiter = None
 
 
+def _scipy_blas(controller):
+    """The threadpoolctl controller of SciPy's own BLAS library only."""
+    import scipy
+    root = os.path.dirname(os.path.dirname(scipy.__file__))
+    mine = [c.info()["filepath"] for c in controller.lib_controllers
+            if c.info().get("user_api") == "blas"
+            and os.path.realpath(c.info()["filepath"]).startswith(os.path.realpath(root))
+            and "scipy" in os.path.basename(os.path.dirname(c.info()["filepath"]))]
+    sel = controller.select(filepath=mine) if mine else controller.select(user_api="blas")
+    return sel
+
+
 class single_threaded_blas:
-    """Limit BLAS libraries to one thread while the kernels' own threads run
-    GEMMs side by side (nested and concurrent uses share one limit)."""
+    """Limit the BLAS that :func:`gemm` calls (SciPy's) to one thread while the
+    kernels' own threads run GEMMs side by side; nested and concurrent uses
+    share one limit.  NumPy's BLAS, and so the im2col kernel and user code,
+    is left alone."""
 
     def __enter__(self):
         global _controller, _limit_depth, _limiter
@@ -163,8 +194,10 @@ class single_threaded_blas:
                 try:
                     if _controller is None:
                         from threadpoolctl import ThreadpoolController
-                        _controller = ThreadpoolController()
-                    _limiter = _controller.limit(limits=1, user_api="blas")
+                        _controller = _scipy_blas(ThreadpoolController()).lib_controllers
+                    _limiter = [(lc, lc.get_num_threads()) for lc in _controller]
+                    for lc, _ in _limiter:
+                        lc.set_num_threads(1)
                 except Exception:                            # pragma: no cover
                     _limiter = None
             _limit_depth += 1
@@ -175,6 +208,7 @@ class single_threaded_blas:
         with _limit_lock:
             _limit_depth -= 1
             if _limit_depth == 0 and _limiter is not None:
-                _limiter.restore_original_limits()
+                for lc, n in _limiter:
+                    lc.set_num_threads(n)
                 _limiter = None
         return False

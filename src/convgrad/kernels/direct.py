@@ -24,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .. import settings
 from ..geometry import ConvGeometry
 
 # C/G * O/G above this, oneDNN-class GEMM kernels win (benchmarks/direct_kernel.py
@@ -59,9 +58,8 @@ def _jit():
 def _threads(geom: ConvGeometry) -> int:
     """``settings.threads()`` (the CPU count without it), one for problems too
     small to repay starting the others."""
-    get = getattr(settings, "threads", None)
-    want = int(get()) if get is not None else (os.cpu_count() or 1)
-    return 1 if geom.flops < SERIAL_FLOPS else max(1, want)
+    from ._blas import workers
+    return 1 if geom.flops < SERIAL_FLOPS else workers()
 
 
 _POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}

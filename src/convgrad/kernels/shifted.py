@@ -392,7 +392,9 @@ def _dgrad_plan(geom: ConvGeometry):
     U = tuple(max(0, j - b) for j, b in zip(J, B))
     extents = tuple(u + qm for u, qm in zip(U, qmax))
     begin = tuple(qm - b for qm, b in zip(qmax, B))
-    phases = list(itertools.product(*(range(s) for s in geom.strides)))
+    # only phases some tap reaches: the others stay zero (dx is zero-filled),
+    # and a huge stride must not enumerate its empty phases
+    phases = sorted({r for _, r, _ in taps})
     return taps, qmax, B, U, extents, begin, phases
 
 
@@ -410,7 +412,8 @@ def dgrad(w, dy, geom: ConvGeometry):
     for g in range(G):
         wT[:, :, g * cg:(g + 1) * cg] = wt[:, :, g * og:(g + 1) * og].transpose(0, 2, 1)
     dx = np.zeros((geom.n, *geom.in_sizes, C), cdt)
-    single = len(phases) == 1 and tuple(extents) == geom.in_sizes and tuple(U) == geom.in_sizes
+    single = (all(s == 1 for s in geom.strides) and tuple(extents) == geom.in_sizes
+              and tuple(U) == geom.in_sizes)
     for n0, n1 in _batch_blocks(geom, "dgrad", cdt.itemsize):
         nb = n1 - n0
         dyg = _embed(dy, n0, n1, extents, begin, cdt)
