@@ -45,16 +45,35 @@ def run_kernel(kernel: kernels.Kernel, a: np.ndarray, b: np.ndarray, geom: ConvG
     """Run one kernel on canonical views, converting to and from its layout."""
     kind = kernel.op
     if kernel.layout == "ncx":
-        a = np.ascontiguousarray(a, dtype=cdt)
-        b = np.ascontiguousarray(b, dtype=cdt)
+        a, b = _in_compute_dtype(a, cdt), _in_compute_dtype(b, cdt)
         return kernel.fn(a, b, geom)
     # Channels last: a view of a channels-last caller array is contiguous
     # again here, so NXC/XIO callers pay no layout copy.
     a, b = (to_nxc(t, is_w) for t, is_w in zip((a, b), _WEIGHT_ARGS[kind]))
     if not kernel.converts or np.dtype(cdt).kind != "f":
-        a, b = (np.ascontiguousarray(t, dtype=cdt) for t in (a, b))
+        a, b = _in_compute_dtype(a, cdt), _in_compute_dtype(b, cdt)
+    else:
+        # float16 views: NumPy's float16 cast is slow wherever it happens (also
+        # in a kernel's own copies); a contiguous one takes the compiled one.
+        a, b = (_f16_to_f32(t) if t.dtype == _F16 and t.flags.c_contiguous else t
+                for t in (a, b))
     out = kernel.fn(a, b, geom)
     return from_nxc(out, kind == "wgrad")
+
+
+def _in_compute_dtype(t: np.ndarray, cdt) -> np.ndarray:
+    """``t`` C-contiguous in ``cdt`` (no copy if it already is)."""
+    if t.dtype == _F16 and np.dtype(cdt) == np.float32:
+        return _f16_to_f32(t)
+    return np.ascontiguousarray(t, dtype=cdt)
+
+
+_F16 = np.dtype(np.float16)
+
+
+def _f16_to_f32(t: np.ndarray) -> np.ndarray:
+    from ._half import to_float32          # numba: imported on first float16 call
+    return to_float32(t)
 
 
 _WEIGHT_ARGS = {"fwd": (False, True), "wgrad": (False, False), "dgrad": (True, False)}

@@ -82,6 +82,9 @@ class Plan:
             out = _saturate(out, dtype)
         if out.dtype == dtype:
             return _owner(np.ascontiguousarray(out))
+        if dtype == np.float16 and out.flags.c_contiguous:
+            from .._half import to_float16     # NumPy's float16 cast is slow
+            return to_float16(out)
         return out.astype(dtype, order="C")
 
 
