@@ -117,7 +117,7 @@ def _gather(inputs, taps, out, P, groups):
         out[:P] = 0
         return
 
-    def block(r0, r1):
+    def per_tap(r0, r1):
         def run():
             for g in range(groups):
                 oc = out[r0:r1, g * cout:(g + 1) * cout]
@@ -133,7 +133,7 @@ def _gather(inputs, taps, out, P, groups):
         wcat = [np.ascontiguousarray(np.concatenate(
             [w[:, g * cout:(g + 1) * cout] for _, _, w in taps], axis=0)) for g in range(groups)]
 
-        def block(r0, r1):                                    # noqa: F811
+        def folded(r0, r1):
             def run():
                 step = max(16, FOLD_BYTES // (len(taps) * cin * out.itemsize))
                 buf = scratch("fold", (min(step, r1 - r0), len(taps) * cin), out.dtype,
@@ -146,6 +146,7 @@ def _gather(inputs, taps, out, P, groups):
                         gemm(buf[:b1 - b0], wcat[g], out[b0:b1, g * cout:(g + 1) * cout])
             return run
 
+    block = per_tap if fold is None else folded
     row_bytes = (inputs[0].shape[1] + out.shape[1]) * out.itemsize
     run_parallel(block(r0, r1) for r0, r1 in _row_blocks(P, _block_rows(P, row_bytes)))
 
@@ -213,7 +214,7 @@ def _wgrad_core(inputs, taps, dyg, P, groups, dw):
                  dyg[r0:r1, g * cout:(g + 1) * cout], parts[c, t, :, g * cout:(g + 1) * cout],
                  beta=beta)
 
-    def chunk_task(c):
+    def per_tap_chunk(c):
         def run():
             r0, r1 = bounds[c], bounds[c + 1]
             step = max(128, BLOCK_BYTES // max(1, (inputs[0].shape[1] + dyg.shape[1])
@@ -223,11 +224,11 @@ def _wgrad_core(inputs, taps, dyg, P, groups, dw):
                     gemm_tap(c, t, b0, min(r1, b0 + step), 0.0 if b0 == r0 else 1.0)
         return run
 
-    fold = _fold_plan(inputs, taps, cin)
-    if fold is not None and by_rows:
+    fold = _fold_plan(inputs, taps, cin) if by_rows else None
+    if fold is not None:
         from ._fold_jit import gather_taps
 
-        def chunk_task(c):                                    # noqa: F811
+        def folded_chunk(c):
             def run():
                 r0, r1 = bounds[c], bounds[c + 1]
                 step = max(16, FOLD_BYTES // (T * cin * dw.itemsize))
@@ -248,6 +249,7 @@ def _wgrad_core(inputs, taps, dyg, P, groups, dw):
         return lambda: gemm_tap(c, t, bounds[c], bounds[c + 1], 0.0)
 
     if by_rows:
+        chunk_task = per_tap_chunk if fold is None else folded_chunk
         run_parallel(chunk_task(c) for c in range(chunks))
     else:
         run_parallel(tap_task(t, c) for t in range(T) for c in range(chunks))
