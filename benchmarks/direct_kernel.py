@@ -27,22 +27,10 @@ import numpy as np
 
 import convgrad
 from convgrad import onednn
+from convgrad.bench.harness import copy_bandwidth
 
 SUITE = Path("/work/shared/suite.json")
 LAYERS = ("mbv2_dw_3x3", "mbv2_dw_3x3s2", "resnext_g32_3x3", "seed_gcbd_2d")
-
-
-def copy_bandwidth(nbytes=256 * 2**20, reps=15):
-    """GB/s of a large np.copyto (bytes read + bytes written), preallocated."""
-    a = np.ones(nbytes // 4, np.float32)
-    b = np.empty_like(a)
-    np.copyto(b, a)
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        np.copyto(b, a)
-        ts.append(time.perf_counter() - t)
-    return 2 * nbytes / statistics.median(ts) / 1e9
 
 
 def problem(layer, rng):
@@ -155,7 +143,7 @@ def main():
     torch.set_num_threads(args.threads)
     numba.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
-    bw = copy_bandwidth()
+    bw = copy_bandwidth(repeat=15)["gbps"]
     print(f"numpy copy bandwidth: {bw:.1f} GB/s   threads={args.threads}")
     records = []
     if args.crossover:
