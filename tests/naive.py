@@ -59,3 +59,12 @@ def dgrad(w, dy, in_sizes, strides, dilations, pads_begin, groups):
             ws = w[(slice(g * og, (g + 1) * og), slice(None)) + t]          # (Og, Cg)
             dx[(slice(None), slice(g * cg, (g + 1) * cg)) + q] += ds @ ws
     return dx
+
+
+def three_ops(x, w, dy, case):
+    """``(op, args, expected)`` for fwd, wgrad and dgrad of one tests/cases.py case."""
+    a = dict(strides=case["strides"], dilations=case["dilations"],
+             pads_begin=case["pads_begin"], groups=case["groups"])
+    return (("fwd", (x, w), forward(x, w, case["out_sizes"], **a)),
+            ("wgrad", (x, dy), wgrad(x, dy, case["kernel"], **a)),
+            ("dgrad", (w, dy), dgrad(w, dy, case["in_sizes"], **a)))

@@ -49,12 +49,7 @@ def direct_case(t):
 def test_direct_kernel_matches_naive(case, dtype, rng):
     x, w, dy = arrays(case, rng, dtype)
     geom = geometry(case)
-    a = dict(strides=case["strides"], dilations=case["dilations"],
-             pads_begin=case["pads_begin"], groups=case["groups"])
-    for op, args, want in (
-            ("fwd", (x, w), naive.forward(x, w, case["out_sizes"], **a)),
-            ("wgrad", (x, dy), naive.wgrad(x, dy, case["kernel"], **a)),
-            ("dgrad", (w, dy), naive.dgrad(w, dy, case["in_sizes"], **a))):
+    for op, args, want in naive.three_ops(x, w, dy, case):
         got = run(kernels.select(op, geom, dtype, "direct"), op, *args, geom)
         assert got.dtype == dtype
         assert_close(got, want, dtype)

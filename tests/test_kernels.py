@@ -25,12 +25,7 @@ def geometry(case):
 def test_kernel_matches_naive(algo, case, rng):
     x, w, dy = arrays(case, rng)
     geom = geometry(case)
-    a = dict(strides=case["strides"], dilations=case["dilations"],
-             pads_begin=case["pads_begin"], groups=case["groups"])
-    for op, args, want in (
-            ("fwd", (x, w), naive.forward(x, w, case["out_sizes"], **a)),
-            ("wgrad", (x, dy), naive.wgrad(x, dy, case["kernel"], **a)),
-            ("dgrad", (w, dy), naive.dgrad(w, dy, case["in_sizes"], **a))):
+    for op, args, want in naive.three_ops(x, w, dy, case):
         kernel = kernels.select(op, geom, np.float64, algo)
         assert_close(ops.run_kernel(kernel, *args, geom, np.float64), want, np.float64)
 
