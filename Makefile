@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.peers: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e '.[test,peers,cli,bench]'
+	$(BIN)/python -m pip install -q -e '.[test,peers,cli,bench,dask]'
 	touch $@
 
 # The demo's extras (matplotlib for the loss curve, scikit-learn's bundled digits).

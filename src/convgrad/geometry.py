@@ -408,3 +408,73 @@ def make_geometry(op: str, *, n, c, o, groups, in_sizes, kernel, out_sizes, stri
         if math.prod(shape) > MAX_DIM * 64:
             raise fail(op, f"{name} shape", list(shape), "has too many elements")
     return geom
+
+
+# ----------------------------------------------------------------------------
+# Sub-problems: one block of a blocked (e.g. distributed) computation
+# ----------------------------------------------------------------------------
+#
+# Along one spatial axis, output position p reads inputs [p*s - pb, p*s - pb + Ke).
+# A block of outputs [p0, p1) and a block of inputs [q0, q1) that contains
+# every input those outputs read inside [0, L) form a problem of the same kind:
+# input size q1 - q0, output size p1 - p0, pads_begin q0 - (p0*s - pb) and
+# pads_end (p1-1)*s - pb + Ke - q1 (both >= 0).  Its fwd is the block of the
+# whole fwd, its wgrad the block's share of the whole wgrad, its dgrad the
+# whole dgrad restricted to [q0, q1) when [p0, p1) are all the outputs that
+# read it.
+
+
+def input_window(geom: ConvGeometry, axis: int, p0: int, p1: int) -> tuple[int, int]:
+    """The inputs ``[q0, q1)`` (inside ``[0, L)``) that outputs ``[p0, p1)`` read
+    along ``axis``; empty (``q1 <= q0``) when they read only padding."""
+    s, b = geom.strides[axis], geom.pads_begin[axis]
+    ke = effective_kernel(geom.kernel[axis], geom.dilations[axis])
+    return max(0, p0 * s - b), min(geom.in_sizes[axis], (p1 - 1) * s - b + ke)
+
+
+def output_window(geom: ConvGeometry, axis: int, q0: int, q1: int
+                  ) -> tuple[int, int, int, int]:
+    """The outputs ``[p0, p1)`` that read any input in ``[q0, q1)`` along
+    ``axis``, and the part ``[a, b)`` of ``[q0, q1)`` they read (the rest gets
+    no contribution).  Empty (``p1 <= p0``) when no output reads the range."""
+    s, pb = geom.strides[axis], geom.pads_begin[axis]
+    ke = effective_kernel(geom.kernel[axis], geom.dilations[axis])
+    p0 = max(0, (q0 + pb - ke) // s + 1)                 # first window ending after q0
+    p1 = min(geom.out_sizes[axis], (q1 - 1 + pb) // s + 1)  # past the last starting before q1
+    if p1 <= p0:
+        return p0, p0, q0, q0
+    return p0, p1, max(q0, p0 * s - pb), min(q1, (p1 - 1) * s - pb + ke)
+
+
+def output_boundary(geom: ConvGeometry, axis: int, q: int) -> int:
+    """The output block boundary that matches input boundary ``q``: the first
+    output whose window starts at or after ``q`` (clipped to ``[0, M]``)."""
+    s, pb = geom.strides[axis], geom.pads_begin[axis]
+    return min(geom.out_sizes[axis], max(0, -(-(q + pb) // s)))
+
+
+def input_boundary(geom: ConvGeometry, axis: int, p: int) -> int:
+    """The input block boundary that matches output boundary ``p``: where output
+    ``p``'s window starts (clipped to ``[0, L]``)."""
+    s, pb = geom.strides[axis], geom.pads_begin[axis]
+    return min(geom.in_sizes[axis], max(0, p * s - pb))
+
+
+def sub_geometry(geom: ConvGeometry, n: int, out_ranges, in_ranges) -> ConvGeometry:
+    """The problem of ``n`` samples, outputs ``out_ranges`` and inputs
+    ``in_ranges`` (one ``(start, stop)`` per spatial axis).  The inputs must lie
+    inside the outputs' reach (non-negative pads) and contain every input the
+    outputs read (:func:`input_window`, :func:`output_window` give such pairs)."""
+    pb, pe = [], []
+    for i, ((p0, p1), (q0, q1)) in enumerate(zip(out_ranges, in_ranges)):
+        s, b = geom.strides[i], geom.pads_begin[i]
+        ke = effective_kernel(geom.kernel[i], geom.dilations[i])
+        pb.append(q0 - (p0 * s - b))
+        pe.append((p1 - 1) * s - b + ke - q1)
+        if pb[-1] < 0 or pe[-1] < 0:
+            raise ValueError(f"axis {i}: inputs {q0}:{q1} do not contain what outputs "
+                             f"{p0}:{p1} read")
+    return ConvGeometry(n, geom.c, geom.o, geom.groups,
+                        tuple(q1 - q0 for q0, q1 in in_ranges), geom.kernel,
+                        tuple(p1 - p0 for p0, p1 in out_ranges), geom.strides,
+                        geom.dilations, tuple(pb), tuple(pe))

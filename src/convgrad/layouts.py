@@ -57,10 +57,16 @@ class DataLayout:
         return a.transpose(self.perm_to_canonical(a.ndim))
 
     def from_canonical(self, a: np.ndarray) -> np.ndarray:
-        return a.transpose(np.argsort(self.perm_to_canonical(a.ndim)))
+        return a.transpose(_inverse(self.perm_to_canonical(a.ndim)))
 
     def channel_axis(self, rank: int) -> int:
         return rank - 1 if self.channels_last else 1
+
+
+def _inverse(perm) -> tuple[int, ...]:
+    """The inverse permutation, as a tuple of ints (NumPy and Dask arrays
+    both take it)."""
+    return tuple(int(i) for i in np.argsort(perm))
 
 
 NCX = DataLayout("NCX")
@@ -133,7 +139,7 @@ class WeightLayout:
     def from_canonical(self, a: np.ndarray, groups: int) -> np.ndarray:
         """View a canonical (O, Cg, K...) weight in this layout."""
         grouped = a.reshape(self._grouped_shape(a.shape, groups))
-        return grouped.transpose(np.argsort(self._perm(a.ndim - 2)))
+        return grouped.transpose(_inverse(self._perm(a.ndim - 2)))
 
 
 # oneDNN Graph, forward-convolution family.

@@ -97,3 +97,24 @@ def config(*, algo: str | None = None, workspace_bytes: int | None = None,
         finally:
             for var, token in reversed(tokens):
                 var.reset(token)
+
+
+def snapshot() -> dict:
+    """The settings of the current context, to re-apply elsewhere with
+    :func:`applied` (e.g. in the tasks of a Dask graph built here)."""
+    return {"algo": _algo.get(), "workspace_bytes": _workspace.get(), "threads": _threads.get()}
+
+
+@contextlib.contextmanager
+def applied(settings: dict):
+    """Re-apply a :func:`snapshot` in this context: the context variables
+    only, not :func:`config`'s process-wide BLAS limit, so tasks running
+    concurrently in one process may each enter it."""
+    pairs = ((_algo, settings.get("algo")), (_workspace, settings.get("workspace_bytes")),
+             (_threads, settings.get("threads")))
+    tokens = [(var, var.set(value)) for var, value in pairs if value is not None]
+    try:
+        yield
+    finally:
+        for var, token in reversed(tokens):
+            var.reset(token)

@@ -78,14 +78,27 @@ class Plan:
             out += bias.reshape((1, -1) + (1,) * self.geom.spatial_rank)
         out = self.from_canonical(out)
         assert out.shape == self.out_shape, (out.shape, self.out_shape)
-        if dtype.kind in "iu":
-            out = _saturate(out, dtype)
-        if out.dtype == dtype:
-            return _owner(np.ascontiguousarray(out))
-        if dtype == np.float16 and out.flags.c_contiguous:
-            from .._half import to_float16     # NumPy's float16 cast is slow
+        out = cast_result(out, dtype, order="C")
+        return _owner(np.ascontiguousarray(out))
+
+
+def cast_result(out: np.ndarray, dtype: np.dtype, *, order: str = "K") -> np.ndarray:
+    """A kernel's result (compute dtype, a fresh array or a view of one) in the
+    call's ``dtype``: integers saturate, floats round once.  ``order`` is the
+    memory order of a cast copy."""
+    if dtype.kind in "iu":
+        out = _saturate(out, dtype)
+    if out.dtype == dtype:
+        return out
+    if dtype == np.float16:
+        from .._half import to_float16     # NumPy's float16 cast is slow
+        if out.flags.c_contiguous:
             return to_float16(out)
-        return out.astype(dtype, order="C")
+        if order == "K" and out.ndim > 2:  # a channels-last result seen as NCX
+            nxc = np.moveaxis(out, 1, -1)
+            if nxc.flags.c_contiguous:
+                return np.moveaxis(to_float16(nxc), -1, 1)
+    return out.astype(dtype, order=order)
 
 
 def _owner(out: np.ndarray) -> np.ndarray:

@@ -1,0 +1,8 @@
+"""oneDNN Graph ops on Dask arrays: :mod:`convgrad.onednn`'s functions, same names and
+attributes, Dask arrays in and out."""
+
+from ..frontends import onednn as _spec
+from ._front import dialect_functions
+
+globals().update(dialect_functions(_spec))
+__all__ = list(_spec.__all__)
