@@ -33,11 +33,11 @@ demo: $(VENV)/.cli
 
 # The conformance tests compare with PyTorch, TensorFlow and OpenVINO: installed here.
 test: install-peers
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 # Without the peer frameworks (their conformance modules are skipped).
 test-fast: $(VENV)/.cli
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 # The benchmark against the peers (about 30 min on 2 cores).
 # BENCH_ARGS adds options,

@@ -446,18 +446,26 @@ def output_window(geom: ConvGeometry, axis: int, q0: int, q1: int
     return p0, p1, max(q0, p0 * s - pb), min(q1, (p1 - 1) * s - pb + ke)
 
 
+def _center(geom: ConvGeometry, axis: int) -> int:
+    """Offset of an output's window centre from ``p * s``: ``(Ke - 1) // 2 - pb``
+    (0 for 'same' padding)."""
+    ke = effective_kernel(geom.kernel[axis], geom.dilations[axis])
+    return (ke - 1) // 2 - geom.pads_begin[axis]
+
+
 def output_boundary(geom: ConvGeometry, axis: int, q: int) -> int:
-    """The output block boundary that matches input boundary ``q``: the first
-    output whose window starts at or after ``q`` (clipped to ``[0, M]``)."""
-    s, pb = geom.strides[axis], geom.pads_begin[axis]
-    return min(geom.out_sizes[axis], max(0, -(-(q + pb) // s)))
+    """The output block boundary matching input boundary ``q``: the first output
+    whose window centre ``p*s + (Ke-1)//2 - pb`` is at or after ``q`` (clipped to
+    ``[0, M]``).  With 'same' padding at stride 1 it is ``q`` itself."""
+    s = geom.strides[axis]
+    return min(geom.out_sizes[axis], max(0, -(-(q - _center(geom, axis)) // s)))
 
 
 def input_boundary(geom: ConvGeometry, axis: int, p: int) -> int:
-    """The input block boundary that matches output boundary ``p``: where output
-    ``p``'s window starts (clipped to ``[0, L]``)."""
-    s, pb = geom.strides[axis], geom.pads_begin[axis]
-    return min(geom.in_sizes[axis], max(0, p * s - pb))
+    """The input block boundary matching output boundary ``p``: output ``p``'s
+    window centre (clipped to ``[0, L]``); the inverse of :func:`output_boundary`
+    inside the arrays."""
+    return min(geom.in_sizes[axis], max(0, p * geom.strides[axis] + _center(geom, axis)))
 
 
 def sub_geometry(geom: ConvGeometry, n: int, out_ranges, in_ranges) -> ConvGeometry:

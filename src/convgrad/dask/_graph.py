@@ -7,22 +7,24 @@ same kind (:func:`convgrad.geometry.sub_geometry`) -> one task per block that
 assembles the block's window from the chunks it overlaps and calls
 :func:`convgrad.ops.compute` -> the result's layout back (lazy).
 
-Blocks follow the chunks of the op's large input:
+Blocks follow the chunks of the op's large input, matched through the centres
+of the outputs' windows (``p*s + (Ke-1)//2 - pb``):
 
 - ``fwd`` and ``wgrad`` follow ``x``: input chunk ``[q0, q1)`` maps to the
-  outputs whose windows start in it, ``[output_boundary(q0),
-  output_boundary(q1))``; the block reads ``x`` over those outputs' windows
-  (its chunk plus a halo of ``Ke - s`` on the far side, more where the chunk is
-  smaller than the kernel's reach), and ``dy``/the result over the outputs.
+  outputs whose window centres lie in it; the block reads ``x`` over those
+  outputs' windows -- its chunk plus a halo of about ``(Ke-1)/2`` on each side,
+  reaching into further chunks where they are smaller than that -- and
+  ``dy``/the result over the outputs.
 - ``dgrad`` follows ``dy``: output chunk ``[p0, p1)`` maps to the input block
-  ``[input_boundary(p0), input_boundary(p1))``, so ``dx``'s chunks follow
+  between the centres of outputs ``p0`` and ``p1``, so ``dx``'s chunks follow
   ``dy``'s; each block reads every ``dy`` output that reaches it.
 
-The two maps are inverse where both are inside the arrays, so ``dy`` chunked
-as a convgrad ``fwd`` result chunks it, and the weight gradient of such a pair
-moves halos only.  Weight gradients are per-block partial sums, added in a
-fixed-order tree of :data:`SPLIT_EVERY`-way sums in the compute dtype (float32
-for 16-bit inputs, int64 for integers) and cast once at the root.
+The two maps are inverse inside the arrays (identity for 'same' padding at
+stride 1), so ``dy`` chunked as a convgrad ``fwd`` result chunks it, and the
+weight gradient of such a pair moves halos only.  Weight gradients are
+per-block partial sums, added in a fixed-order tree of
+:data:`SPLIT_EVERY`-way sums in the compute dtype (float32 for 16-bit inputs,
+int64 for integers) and cast once at the root.
 """
 
 from __future__ import annotations
