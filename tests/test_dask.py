@@ -460,3 +460,28 @@ def test_op_registry_and_shape_inference():
         "group_convolution_backprop_data"
     assert set(cgd.onednn.__all__) == set(convgrad.onednn.__all__)
     assert set(cgd.tf.__all__) == set(convgrad.tf.__all__)
+
+
+@pytest.mark.parametrize("x_shape,w_shape", [((0, 4, 6, 6), (2, 4, 3, 3)),
+                                             ((2, 0, 6, 6), (2, 0, 3, 3)),
+                                             ((2, 4, 6, 6), (0, 4, 3, 3))],
+                         ids=["no samples", "no input channels", "no output channels"])
+def test_empty_sizes_compute_as_locally(x_shape, w_shape):
+    """D14: zero batch or channels compute (empty or zero results), blocked too."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    a = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1])
+    y = convgrad.conv_forward(x, w, **a)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    X = da.from_array(x, chunks=(1, 2, 4, 3))
+    DY = da.from_array(dy, chunks=(1, 2, 4, 3))
+    with dask.config.set(scheduler="synchronous"):
+        got = dask.compute(cgd.conv_forward(X, w, **a),
+                           cgd.conv_weight_grad(X, DY, w.shape, **a),
+                           cgd.conv_data_grad(w, DY, x.shape, **a))
+    want = (y, convgrad.conv_weight_grad(x, dy, w.shape, **a),
+            convgrad.conv_data_grad(w, dy, x.shape, **a))
+    for g, e in zip(got, want):
+        assert g.shape == e.shape
+        np.testing.assert_array_equal(g, e)

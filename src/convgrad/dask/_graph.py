@@ -238,6 +238,12 @@ def run(plan: Plan, arrays: dict[str, da.Array], *, split_every: int = SPLIT_EVE
     return out
 
 
+def _empty(geom: ConvGeometry, n0: int, n1: int, *ranges) -> bool:
+    """A block with no samples, no channels or an empty range gets no contribution."""
+    return (n1 <= n0 or geom.c == 0 or geom.o == 0
+            or any(hi <= lo for rs in ranges for lo, hi in rs))
+
+
 def _bias_args(canon) -> tuple:
     return (_single_key(canon["bias"]),) if "bias" in canon else ()
 
@@ -255,7 +261,7 @@ def _fwd_blocks(plan: Plan, canon, dtype, snap, *, cast: bool, with_dy: bool):
         ps = [p_parts[i][j] for i, j in enumerate(index[1:])]
         qs = [input_window(geom, i, p0, p1) for i, (p0, p1) in enumerate(ps)]
         shape = (n1 - n0, geom.o, *_sizes(ps))
-        if n1 <= n0 or any(p1 <= p0 for p0, p1 in ps) or any(q1 <= q0 for q0, q1 in qs):
+        if _empty(geom, n0, n1, ps, qs):
             yield index, Block(plan.op, plan.kind, dtype, None, None, None, shape, None, cast,
                                snap), [], []
             continue
@@ -322,8 +328,7 @@ def _dgrad_graph(plan, canon, dtype, snap, name, split_every):
         shape = (n1 - n0, geom.c, *_sizes(qs))
         wins = [output_window(geom, i, q0, q1) for i, (q0, q1) in enumerate(qs)]
         key = (name, index[0], 0, *index[1:])
-        if (n1 <= n0 or any(q1 <= q0 for q0, q1 in qs)
-                or any(p1 <= p0 for p0, p1, _, _ in wins)):
+        if _empty(geom, n0, n1, qs, [w[:2] for w in wins]):
             block = Block(plan.op, plan.kind, dtype, None, None, None, shape, None, True, snap)
             dsk[key] = (run_block, block, [], [], *bias)
             continue
