@@ -432,18 +432,26 @@ def test_bad_attributes_fail_when_the_graph_is_built():
                              pads_begin=[1, 1], pads_end=[1, 1])
 
 
-def test_inputs_are_not_modified_and_bias_is_added_per_block(client):
+@pytest.mark.parametrize("name", ["convolution", "conv_transpose"])
+def test_inputs_are_not_modified_and_bias_is_added_per_block(client, name):
+    """Bias reaches every output position, also blocks that read only padding
+    (forward) and positions no input reaches (ConvTranspose, stride 3 > kernel 2)."""
     rng = np.random.default_rng(11)
     src = rng.standard_normal((2, 9, 9, 3)).astype(np.float32)
-    w = rng.standard_normal((3, 3, 3, 4)).astype(np.float32)
+    w = rng.standard_normal((2, 2, 3, 4)).astype(np.float32)
     bias = rng.standard_normal(4).astype(np.float32)
     keep = [a.copy() for a in (src, w, bias)]
-    a = dict(strides=[2, 2], pads_begin=[3, 0], pads_end=[3, 1], data_format="NXC",
-             weights_format="XIO")
-    want = convgrad.onednn.convolution(src, w, bias, **a)
+    a = dict(strides=[3, 2], pads_begin=[3, 0], pads_end=[3, 1], data_format="NXC",
+             weights_format="XIO" if name == "convolution" else "XOI")
+    if name == "conv_transpose":
+        a.update(pads_begin=[0, 0], pads_end=[0, 1])
+        w = w.transpose(0, 1, 3, 2).copy()      # XOI (KH, KW, O, I): O = 4, I = 3
+        keep[1] = w.copy()
+    local = getattr(convgrad.onednn, name)
+    want = local(src, w, bias, **a)
     S = da.from_array(src, chunks=(1, 2, 4, 3))
-    got = client.compute(cgd.onednn.convolution(S, w, bias, **a), sync=True)
-    np.testing.assert_array_equal(got, want)
+    got = client.compute(getattr(cgd.onednn, name)(S, w, bias, **a), sync=True)
+    assert_close(got, want, np.float32)
     for a_, k in zip((src, w, bias), keep):
         np.testing.assert_array_equal(a_, k)
 
