@@ -365,6 +365,17 @@ def test_weight_gradient_blocks_read_their_chunk_and_halo_only():
         assert window[0] <= 3 + ke - 1 and window[1] <= 4 + ke - 1, window
         # ... which spans at most ceil((window - 1) / chunk) + 1 chunks per axis
         assert len(a_keys) <= (-(-(3 + ke - 2) // 3) + 1) * (-(-(4 + ke - 2) // 4) + 1)
+    # pieces of other chunks are cut where the chunk lives: only they travel
+    cuts = {k: args for k, (f, args) in tasks.items() if f is _graph.cut}
+    assert cuts and all(k[0] in (X.name, DY.name) for k, _ in cuts.values())
+    for block, a_keys, _ in blocks:
+        for key, (dst, src) in zip(a_keys, block.a.pieces):
+            if key in cuts:
+                piece = np.prod([s_.stop - s_.start for s_ in cuts[key][1]])
+                chunk = np.prod([X.chunks[i][j] for i, j in enumerate(cuts[key][0][1:])])
+                assert 2 * piece < chunk
+            else:
+                assert key[0] == X.name
     n_blocks = len(blocks)
     assert n_blocks > _graph.SPLIT_EVERY ** 2
     sums = {k: args for k, (f, args) in tasks.items() if f is _graph.sum_partials}

@@ -30,6 +30,7 @@ int64 for integers) and cast once at the root.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,14 +73,45 @@ def _axis_pieces(sizes, lo: int, hi: int):
     return out
 
 
-def window(arr: da.Array, region) -> tuple[Window, list]:
+class Halos:
+    """Where a graph's halo tasks go: ``dsk`` and a key prefix (one per graph)."""
+
+    def __init__(self, dsk: dict, name: str):
+        self.dsk, self.name, self.count = dsk, f"{name}-halo", 0
+
+    def slice(self, key, src) -> tuple:
+        """A task cutting ``src`` out of chunk ``key``: Dask runs it where the chunk
+        is, so only the piece travels to the block's worker."""
+        hkey = (self.name, self.count)
+        self.count += 1
+        self.dsk[hkey] = (cut, key, src)
+        return hkey
+
+
+def cut(chunk: np.ndarray, src) -> np.ndarray:
+    """A piece of a chunk, copied so that the chunk can be released before the
+    piece is used (and only the piece is sent)."""
+    return chunk[src].copy()
+
+
+def window(arr: da.Array, region, halos: Halos | None = None) -> tuple[Window, list]:
     """The :class:`Window` of ``arr`` over ``region`` (one ``(start, stop)`` per
-    axis) and the keys of the chunks it reads."""
+    axis) and the keys of what it reads: a chunk itself when the window needs
+    at least half of it, else (with ``halos``) a task cutting out the piece."""
     per_axis = [_axis_pieces(sizes, lo, hi) for sizes, (lo, hi) in zip(arr.chunks, region)]
     keys, pieces = [], []
     for combo in itertools.product(*per_axis):
-        keys.append((arr.name, *(j for j, _, _ in combo)))
-        pieces.append((tuple(d for _, _, d in combo), tuple(s for _, s, _ in combo)))
+        key = (arr.name, *(j for j, _, _ in combo))
+        src = tuple(s for _, s, _ in combo)
+        dst = tuple(d for _, _, d in combo)
+        piece = math.prod(s.stop - s.start for s in src)
+        chunk = math.prod(arr.chunks[axis][j] for axis, (j, _, _) in enumerate(combo))
+        if halos is not None and 2 * piece < chunk:
+            keys.append(halos.slice(key, src))
+            src = tuple(slice(None) for _ in src)
+        else:
+            keys.append(key)
+        pieces.append((dst, src))
     return Window(tuple(hi - lo for lo, hi in region), tuple(pieces)), keys
 
 
@@ -248,7 +280,7 @@ def _bias_args(canon) -> tuple:
     return (_single_key(canon["bias"]),) if "bias" in canon else ()
 
 
-def _fwd_blocks(plan: Plan, canon, dtype, snap, *, cast: bool, with_dy: bool):
+def _fwd_blocks(plan: Plan, canon, dtype, snap, halos: Halos, *, cast: bool, with_dy: bool):
     """Blocks over ``x``'s chunks, for fwd (with_dy False) and wgrad: yields
     ``(block index, Block, a keys, b keys)`` and, first, the output partition."""
     geom, x = plan.geom, canon["x"]
@@ -265,9 +297,9 @@ def _fwd_blocks(plan: Plan, canon, dtype, snap, *, cast: bool, with_dy: bool):
             yield index, Block(plan.op, plan.kind, dtype, None, None, None, shape, None, cast,
                                snap), [], []
             continue
-        a, a_keys = window(x, [(n0, n1), (0, geom.c), *qs])
+        a, a_keys = window(x, [(n0, n1), (0, geom.c), *qs], halos)
         if with_dy:
-            b, b_keys = window(canon["dy"], [(n0, n1), (0, geom.o), *ps])
+            b, b_keys = window(canon["dy"], [(n0, n1), (0, geom.o), *ps], halos)
         else:
             b, b_keys = None, w_key
         sub = sub_geometry(geom, n1 - n0, ps, qs)
@@ -276,20 +308,21 @@ def _fwd_blocks(plan: Plan, canon, dtype, snap, *, cast: bool, with_dy: bool):
 
 
 def _fwd_graph(plan, canon, dtype, snap, name, split_every):
-    blocks = _fwd_blocks(plan, canon, dtype, snap, cast=True, with_dy=False)
+    dsk = {}
+    blocks = _fwd_blocks(plan, canon, dtype, snap, Halos(dsk, name), cast=True, with_dy=False)
     n_ranges, p_parts = next(blocks)
     bias = _bias_args(canon)
-    dsk = {(name, index[0], 0, *index[1:]): (run_block, block, a_keys, b_keys, *bias)
-           for index, block, a_keys, b_keys in blocks}
+    for index, block, a_keys, b_keys in blocks:
+        dsk[(name, index[0], 0, *index[1:])] = (run_block, block, a_keys, b_keys, *bias)
     chunks = (_sizes(n_ranges), (plan.geom.o,), *(_sizes(p) for p in p_parts))
     return dsk, chunks, dtype
 
 
 def _wgrad_graph(plan, canon, dtype, snap, name, split_every):
     geom = plan.geom
-    blocks = _fwd_blocks(plan, canon, dtype, snap, cast=False, with_dy=True)
-    next(blocks)
     dsk, partials = {}, []
+    blocks = _fwd_blocks(plan, canon, dtype, snap, Halos(dsk, name), cast=False, with_dy=True)
+    next(blocks)
     for index, block, a_keys, b_keys in blocks:
         if block.geom is None:           # reads only padding: contributes nothing
             continue
@@ -322,6 +355,7 @@ def _dgrad_graph(plan, canon, dtype, snap, name, split_every):
     w_key = [_single_key(canon["w"])]
     bias = _bias_args(canon)
     dsk = {}
+    halos = Halos(dsk, name)
     for index in itertools.product(range(len(n_ranges)), *(range(len(q)) for q in q_parts)):
         n0, n1 = n_ranges[index[0]]
         qs = [q_parts[i][j] for i, j in enumerate(index[1:])]
@@ -334,7 +368,7 @@ def _dgrad_graph(plan, canon, dtype, snap, name, split_every):
             continue
         ps = [(p0, p1) for p0, p1, _, _ in wins]
         covered = [(a, b) for _, _, a, b in wins]
-        b, b_keys = window(dy, [(n0, n1), (0, geom.o), *ps])
+        b, b_keys = window(dy, [(n0, n1), (0, geom.o), *ps], halos)
         place = (slice(None), slice(None),
                  *(slice(a - q0, b_ - q0) for (a, b_), (q0, _) in zip(covered, qs)))
         if covered == qs:
