@@ -2,13 +2,14 @@
 
 Rules, from the measurements in ``benchmarks/`` (float32, 2 threads):
 
-- grouped problems with few channels per group (depthwise, ResNeXt-like) are
-  not GEMM-shaped: the direct kernel, which itself declines groups large
-  enough for GEMMs (``direct.supports``) -- unless there are only a few
-  groups: the shifted kernel's cost is one small GEMM per group and tap, which
-  is cheap for a handful of groups (the GroupConvolutionBackpropData seed
-  layer, 4 groups: 48 ms against the direct kernel's 91 ms) and ruinous for
-  32 or 144 (2-20x slower than the direct kernel);
+- grouped problems with few channels per group (depthwise, ResNeXt-like, the
+  GroupConvolutionBackpropData spec op) are not GEMM-shaped: the direct
+  kernel, which itself declines groups large enough for GEMMs
+  (``direct.supports``), whatever the number of groups.  The shifted kernel's
+  one small GEMM per group and tap is 2-20x slower for 32 or 144 groups, and
+  also for 2-8 groups of <= 16 channel pairs: 1.2-3.6x on forward, weight and
+  data gradients of five such shapes, 2-D and 3-D (the spec op's data gradient:
+  14 ms against 37 ms in 2-D, 146 against 305 ms in 3-D; 2 threads);
 - otherwise the shifted-GEMM kernel, unless its grid wastes too much work in
   a forward or data gradient: its GEMMs run over every grid row, and at small
   spatial sizes with padding the grid is much larger than the output (14x14
@@ -26,7 +27,6 @@ import math
 
 from ..geometry import ConvGeometry
 
-FEW_GROUPS = 8            # up to this many groups the shifted kernel's GEMMs per group pay
 WASTE_LIMIT = 1.3         # shifted grid rows / output positions above this: im2col
 
 
@@ -45,8 +45,6 @@ def grid_waste(op: str, geom: ConvGeometry) -> float:
 
 
 def preference(op: str, geom: ConvGeometry) -> list[str]:
-    if 1 < geom.groups <= FEW_GROUPS:
-        return ["shifted", "direct", "im2col"]
     if geom.groups > 1:
         return ["direct", "shifted", "im2col"]
     if op != "wgrad" and grid_waste(op, geom) > WASTE_LIMIT:
