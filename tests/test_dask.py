@@ -418,6 +418,58 @@ def test_data_results_are_chunked_like_their_input():
     assert V.chunks[2] == (8, 8)
 
 
+def _own_tasks(arr, *inputs) -> int:
+    """Tasks of ``arr``'s graph that are not chunks of ``inputs``."""
+    names = {a.name for a in inputs}
+    return sum(1 for k in dict(arr.__dask_graph__()) if _graph_key_name(k) not in names)
+
+
+def _graph_key_name(key) -> str:
+    return key[0] if isinstance(key, tuple) else key
+
+
+def test_channels_last_needs_no_layout_tasks():
+    """A data layout is an axis permutation applied inside each block's task: an
+    NXC call builds exactly as many tasks as the same NCX call (no transpose
+    task per chunk), its data results are chunked like its input in its own
+    axis order, and the values are the local call's."""
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((3, 10, 9, 4)).astype(np.float32)          # NXC
+    w = rng.standard_normal((6, 4, 3, 3)).astype(np.float32)           # OIX
+    dy = rng.standard_normal((3, 10, 9, 6)).astype(np.float32)
+    a = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1],
+             weights_format="OIX")
+    nxc_chunks, dy_chunks = (2, (4, 6), (5, 4), 4), (2, (3, 7), 9, 6)
+
+    def ncx(v):
+        return np.ascontiguousarray(v.transpose(0, 3, 1, 2))
+
+    def ncx_chunks(c):
+        return (c[0], c[3], c[1], c[2])
+
+    results = {}
+    for fmt, xv, dyv, xc, dyc in (("NXC", x, dy, nxc_chunks, dy_chunks),
+                                  ("NCX", ncx(x), ncx(dy), ncx_chunks(nxc_chunks),
+                                   ncx_chunks(dy_chunks))):
+        X, DY = da.from_array(xv, chunks=xc), da.from_array(dyv, chunks=dyc)
+        f = dict(a, data_format=fmt)
+        lazy = (cgd.onednn.convolution(X, w, **f),
+                cgd.onednn.convolution_backward_weights(X, DY, list(w.shape), **f),
+                cgd.onednn.convolution_backward_data(DY, w, list(xv.shape), **f))
+        results[fmt] = [(_own_tasks(r, X, DY), r) for r in lazy]
+        for r, want in zip(lazy, (convgrad.onednn.convolution(xv, w, **f),
+                                  convgrad.onednn.convolution_backward_weights(
+                                      xv, dyv, list(w.shape), **f),
+                                  convgrad.onednn.convolution_backward_data(
+                                      dyv, w, list(xv.shape), **f))):
+            assert_close(r.compute(scheduler="synchronous"), want, np.float32)
+    for (n_nxc, _), (n_ncx, _) in zip(results["NXC"], results["NCX"]):
+        assert n_nxc == n_ncx
+    y, _, dx = (r for _, r in results["NXC"])
+    assert y.chunks == ((2, 1), (4, 6), (5, 4), (6,))          # like x, 'same' at stride 1
+    assert dx.chunks == ((2, 1), (3, 7), (9,), (4,))           # like dy
+
+
 # ----------------------------------------------------------------------------
 # The front-end: validation at build time, inputs untouched, shape inference
 # ----------------------------------------------------------------------------

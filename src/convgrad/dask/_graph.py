@@ -1,11 +1,14 @@
 """One planned call as a Dask graph: blocks, their windows, one task per block.
 
 The flow is the library's own: the front-end's plan (validated geometry and
-layout adapters) -> canonical views of the Dask arrays (lazy transposes, no
-data moved) -> blocks along the batch and spatial axes, each a problem of the
-same kind (:func:`convgrad.geometry.sub_geometry`) -> one task per block that
-assembles the block's window from the chunks it overlaps and calls
-:func:`convgrad.ops.compute` -> the result's layout back (lazy).
+layout adapters) -> blocks along the batch and spatial axes, each a problem
+of the same kind (:func:`convgrad.geometry.sub_geometry`) -> one task per
+block that assembles the block's window from the chunks it overlaps, views it
+in the canonical layout, calls :func:`convgrad.ops.compute` and views its
+result in the spec layout.  Data layouts are axis permutations
+(:class:`Source`, :class:`Result`), applied inside the block tasks as views,
+so a channels-last call has no more tasks than an NCX one; the small weights
+go through their adapters as one chunk.
 
 Blocks follow the chunks of the op's large input, matched through the centres
 of the outputs' windows (``p*s + (Ke-1)//2 - pb``):
@@ -43,6 +46,7 @@ from ..dtypes import common_dtype, compute_dtype
 from ..frontends._plan import Plan, cast_result
 from ..geometry import (ConvGeometry, input_boundary, input_window, output_boundary,
                         output_window, sub_geometry)
+from ..layouts import DataLayout
 
 SPLIT_EVERY = 8
 """Partial weight gradients added per task of the reduction tree."""
@@ -56,10 +60,59 @@ SPLIT_EVERY = 8
 @dataclass(frozen=True)
 class Window:
     """A region of a chunked array: its shape and, per chunk it overlaps (in
-    the order of the task's chunk keys), ``(destination, source)`` slices."""
+    the order of the task's chunk keys), ``(destination, source)`` slices, all
+    in the array's own axis order; ``perm`` (None: the identity) is the axis
+    permutation that makes the assembled window canonical."""
 
     shape: tuple[int, ...]
     pieces: tuple[tuple[tuple[slice, ...], tuple[slice, ...]], ...]
+    perm: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Source:
+    """A tensor input as the graph reads it: the caller's Dask array and the
+    axis permutation to the canonical layout (``canonical axis i`` is ``arr``'s
+    axis ``perm[i]``; None: ``arr`` is canonical).  A data layout is a pure
+    permutation, applied to each block's window inside its task (a view), so
+    the graph has no per-chunk transpose tasks."""
+
+    arr: da.Array
+    perm: tuple[int, ...] | None = None
+
+    @property
+    def chunks(self) -> tuple[tuple[int, ...], ...]:
+        """The chunks in canonical axis order."""
+        if self.perm is None:
+            return self.arr.chunks
+        return tuple(self.arr.chunks[p] for p in self.perm)
+
+
+def layout_permutation(adapter, ndim: int) -> tuple[int, ...] | None:
+    """The axis permutation (``result.transpose(perm)``) that ``adapter`` applies
+    to an ``ndim``-array, when it is a :class:`DataLayout`'s conversion to or
+    from the canonical layout; None for any other adapter."""
+    owner = getattr(adapter, "__self__", None)
+    func = getattr(adapter, "__func__", None)
+    if not isinstance(owner, DataLayout):
+        return None
+    perm = owner.perm_to_canonical(ndim)
+    if func is DataLayout.from_canonical:
+        return tuple(int(i) for i in np.argsort(perm))
+    return perm if func is DataLayout.to_canonical else None
+
+
+def _non_identity(perm):
+    return None if perm is None or perm == tuple(range(len(perm))) else perm
+
+
+def source(arr: da.Array, adapter) -> Source:
+    """``arr`` (a tensor input) as the graph reads it: a data layout becomes the
+    blocks' permutation; any other adapter is applied to the Dask array."""
+    perm = layout_permutation(adapter, arr.ndim)
+    if perm is None:
+        return Source(adapter(arr))
+    return Source(arr, _non_identity(perm))
 
 
 def _axis_pieces(sizes, lo: int, hi: int):
@@ -94,10 +147,17 @@ def cut(chunk: np.ndarray, src) -> np.ndarray:
     return chunk[src].copy()
 
 
-def window(arr: da.Array, region, halos: Halos | None = None) -> tuple[Window, list]:
-    """The :class:`Window` of ``arr`` over ``region`` (one ``(start, stop)`` per
-    axis) and the keys of what it reads: a chunk itself when the window needs
-    at least half of it, else (with ``halos``) a task cutting out the piece."""
+def window(src: Source, region, halos: Halos | None = None) -> tuple[Window, list]:
+    """The :class:`Window` of ``src`` over ``region`` (one ``(start, stop)`` per
+    canonical axis) and the keys of what it reads: a chunk itself when the
+    window needs at least half of it, else (with ``halos``) a task cutting out
+    the piece."""
+    arr, perm = src.arr, src.perm
+    if perm is not None:                 # the region in the array's own axis order
+        own = [None] * len(region)
+        for i, p in enumerate(perm):
+            own[p] = region[i]
+        region = own
     per_axis = [_axis_pieces(sizes, lo, hi) for sizes, (lo, hi) in zip(arr.chunks, region)]
     keys, pieces = [], []
     for combo in itertools.product(*per_axis):
@@ -112,23 +172,26 @@ def window(arr: da.Array, region, halos: Halos | None = None) -> tuple[Window, l
         else:
             keys.append(key)
         pieces.append((dst, src))
-    return Window(tuple(hi - lo for lo, hi in region), tuple(pieces)), keys
+    return Window(tuple(hi - lo for lo, hi in region), tuple(pieces), perm), keys
 
 
 def assemble(win: Window | None, chunks: list) -> np.ndarray:
-    """The window's array from its chunks: a view when one chunk holds all of
-    it, else a new array in the first chunk's memory order (a channels-last
-    chunk seen as NCX stays channels-last for the kernels)."""
+    """The window's canonical array from its chunks: a view when one chunk
+    holds all of it, else a new array in the first chunk's memory order, seen
+    through the window's permutation (a channels-last chunk stays
+    channels-last for the kernels)."""
     if win is None:                      # an operand passed whole (weights)
         return chunks[0]
+    out = None
     if len(chunks) == 1:
         view = chunks[0][win.pieces[0][1]]
         if view.shape == win.shape:
-            return view
-    out = np.empty_like(chunks[0], shape=win.shape)
-    for (dst, src), chunk in zip(win.pieces, chunks):
-        out[dst] = chunk[src]
-    return out
+            out = view
+    if out is None:
+        out = np.empty_like(chunks[0], shape=win.shape)
+        for (dst, src), chunk in zip(win.pieces, chunks):
+            out[dst] = chunk[src]
+    return out if win.perm is None else out.transpose(win.perm)
 
 
 # ----------------------------------------------------------------------------
@@ -143,7 +206,9 @@ class Block:
     ``geom`` is the block's own problem (None: the block gets no contribution);
     ``shape`` the block's canonical result shape and ``place`` where the
     problem's result goes in it (None: all of it); ``cast``: round to the
-    call's dtype (False for partial weight gradients, which are summed first).
+    call's dtype (False for partial weight gradients, which are summed first);
+    ``out_perm``: the axis permutation from canonical to the result's layout
+    (None: canonical).
     """
 
     op: str
@@ -156,6 +221,7 @@ class Block:
     place: tuple[slice, ...] | None
     cast: bool
     settings: dict
+    out_perm: tuple[int, ...] | None = None
 
 
 def run_block(block: Block, a_chunks: list, b_chunks: list, bias=None) -> np.ndarray:
@@ -174,7 +240,9 @@ def run_block(block: Block, a_chunks: list, b_chunks: list, bias=None) -> np.nda
             out[block.place] = res
     if bias is not None:                 # out is this task's own new array
         out += bias.astype(cdt).reshape((1, -1) + (1,) * (out.ndim - 2))
-    return cast_result(out, block.dtype) if block.cast else out
+    if block.cast:
+        out = cast_result(out, block.dtype)
+    return out if block.out_perm is None else out.transpose(block.out_perm)
 
 
 def sum_partials(parts: list) -> np.ndarray:
@@ -247,25 +315,49 @@ def _single_key(arr: da.Array):
     return (arr.name, *(0,) * arr.ndim)
 
 
+@dataclass(frozen=True)
+class Result:
+    """The keys and chunks of a data result: canonical block indices and chunks
+    reordered by ``perm`` (result axis j is canonical axis ``perm[j]``; None:
+    canonical), the permutation each block task applies to its result."""
+
+    name: str
+    perm: tuple[int, ...] | None = None
+
+    def key(self, index) -> tuple:
+        if self.perm is None:
+            return (self.name, *index)
+        return (self.name, *(index[p] for p in self.perm))
+
+    def chunks(self, chunks) -> tuple:
+        return chunks if self.perm is None else tuple(chunks[p] for p in self.perm)
+
+
 def run(plan: Plan, arrays: dict[str, da.Array], *, split_every: int = SPLIT_EVERY) -> da.Array:
     """The Dask array of ``plan``'s result for Dask ``arrays`` (by input name)."""
     dtype = common_dtype(plan.op, arrays, allow_int=plan.allow_int)
-    canon = {role: to_c(arrays[name]) for name, (role, to_c) in plan.roles.items()
-             if name in arrays}
-    for role in ("w", "bias"):
-        if role in canon:
-            canon[role] = _whole(canon[role])
+    canon = {}
+    for name, (role, to_c) in plan.roles.items():
+        if name in arrays:
+            arr = arrays[name]
+            canon[role] = source(arr, to_c) if role in ("x", "dy") else _whole(to_c(arr))
     snap = settings.snapshot()
     if snap["threads"] is None:
         snap["threads"] = 1              # Dask runs blocks in parallel
-    deps = list(canon.values())
+    deps = [c.arr if isinstance(c, Source) else c for c in canon.values()]
+    back = None if plan.kind == "wgrad" else layout_permutation(plan.from_canonical,
+                                                                2 + plan.geom.spatial_rank)
     name = f"convgrad-{plan.op}-" + tokenize(
-        plan.op, plan.kind, plan.geom, str(dtype), sorted((r, a.name) for r, a in canon.items()),
-        snap, split_every)
+        plan.op, plan.kind, plan.geom, str(dtype),
+        sorted((r, c.arr.name, c.perm) if isinstance(c, Source) else (r, c.name, None)
+               for r, c in canon.items()), back, snap, split_every)
+    result = Result(name, _non_identity(back))
     build = {"fwd": _fwd_graph, "wgrad": _wgrad_graph, "dgrad": _dgrad_graph}[plan.kind]
-    dsk, chunks, out_dtype = build(plan, canon, dtype, snap, name, split_every)
+    dsk, chunks, out_dtype = build(plan, canon, dtype, snap, result, split_every)
     graph = HighLevelGraph.from_collections(name, dsk, dependencies=deps)
-    out = plan.from_canonical(da.Array(graph, name, chunks=chunks, dtype=out_dtype))
+    out = da.Array(graph, name, chunks=chunks, dtype=out_dtype)
+    if back is None:                     # weights, or a layout that is not a permutation
+        out = plan.from_canonical(out)
     assert out.shape == plan.out_shape, (out.shape, plan.out_shape)
     return out
 
@@ -280,7 +372,8 @@ def _bias_args(canon) -> tuple:
     return (_single_key(canon["bias"]),) if "bias" in canon else ()
 
 
-def _fwd_blocks(plan: Plan, canon, dtype, snap, halos: Halos, *, cast: bool, with_dy: bool):
+def _fwd_blocks(plan: Plan, canon, dtype, snap, halos: Halos, *, cast: bool, with_dy: bool,
+                out_perm=None):
     """Blocks over ``x``'s chunks, for fwd (with_dy False) and wgrad: yields
     ``(block index, Block, a keys, b keys)`` and, first, the output partition."""
     geom, x = plan.geom, canon["x"]
@@ -295,7 +388,7 @@ def _fwd_blocks(plan: Plan, canon, dtype, snap, halos: Halos, *, cast: bool, wit
         shape = (n1 - n0, geom.o, *_sizes(ps))
         if _empty(geom, n0, n1, ps, qs):
             yield index, Block(plan.op, plan.kind, dtype, None, None, None, shape, None, cast,
-                               snap), [], []
+                               snap, out_perm), [], []
             continue
         a, a_keys = window(x, [(n0, n1), (0, geom.c), *qs], halos)
         if with_dy:
@@ -304,22 +397,23 @@ def _fwd_blocks(plan: Plan, canon, dtype, snap, halos: Halos, *, cast: bool, wit
             b, b_keys = None, w_key
         sub = sub_geometry(geom, n1 - n0, ps, qs)
         yield index, Block(plan.op, plan.kind, dtype, sub, a, b, shape, None, cast,
-                           snap), a_keys, b_keys
+                           snap, out_perm), a_keys, b_keys
 
 
-def _fwd_graph(plan, canon, dtype, snap, name, split_every):
+def _fwd_graph(plan, canon, dtype, snap, result: Result, split_every):
     dsk = {}
-    blocks = _fwd_blocks(plan, canon, dtype, snap, Halos(dsk, name), cast=True, with_dy=False)
+    blocks = _fwd_blocks(plan, canon, dtype, snap, Halos(dsk, result.name), cast=True,
+                         with_dy=False, out_perm=result.perm)
     n_ranges, p_parts = next(blocks)
     bias = _bias_args(canon)
     for index, block, a_keys, b_keys in blocks:
-        dsk[(name, index[0], 0, *index[1:])] = (run_block, block, a_keys, b_keys, *bias)
+        dsk[result.key((index[0], 0, *index[1:]))] = (run_block, block, a_keys, b_keys, *bias)
     chunks = (_sizes(n_ranges), (plan.geom.o,), *(_sizes(p) for p in p_parts))
-    return dsk, chunks, dtype
+    return dsk, result.chunks(chunks), dtype
 
 
-def _wgrad_graph(plan, canon, dtype, snap, name, split_every):
-    geom = plan.geom
+def _wgrad_graph(plan, canon, dtype, snap, result: Result, split_every):
+    geom, name = plan.geom, result.name
     dsk, partials = {}, []
     blocks = _fwd_blocks(plan, canon, dtype, snap, Halos(dsk, name), cast=False, with_dy=True)
     next(blocks)
@@ -348,8 +442,8 @@ def _put(dsk: dict, key, task):
     return key
 
 
-def _dgrad_graph(plan, canon, dtype, snap, name, split_every):
-    geom, dy = plan.geom, canon["dy"]
+def _dgrad_graph(plan, canon, dtype, snap, result: Result, split_every):
+    geom, dy, name = plan.geom, canon["dy"], result.name
     n_ranges = _ranges(_bounds(dy.chunks[0]))
     q_parts = input_partition(geom, dy.chunks)
     w_key = [_single_key(canon["w"])]
@@ -361,9 +455,10 @@ def _dgrad_graph(plan, canon, dtype, snap, name, split_every):
         qs = [q_parts[i][j] for i, j in enumerate(index[1:])]
         shape = (n1 - n0, geom.c, *_sizes(qs))
         wins = [output_window(geom, i, q0, q1) for i, (q0, q1) in enumerate(qs)]
-        key = (name, index[0], 0, *index[1:])
+        key = result.key((index[0], 0, *index[1:]))
         if _empty(geom, n0, n1, qs, [w[:2] for w in wins]):
-            block = Block(plan.op, plan.kind, dtype, None, None, None, shape, None, True, snap)
+            block = Block(plan.op, plan.kind, dtype, None, None, None, shape, None, True, snap,
+                          result.perm)
             dsk[key] = (run_block, block, [], [], *bias)
             continue
         ps = [(p0, p1) for p0, p1, _, _ in wins]
@@ -374,7 +469,8 @@ def _dgrad_graph(plan, canon, dtype, snap, name, split_every):
         if covered == qs:
             place = None
         sub = sub_geometry(geom, n1 - n0, ps, covered)
-        block = Block(plan.op, plan.kind, dtype, sub, None, b, shape, place, True, snap)
+        block = Block(plan.op, plan.kind, dtype, sub, None, b, shape, place, True, snap,
+                      result.perm)
         dsk[key] = (run_block, block, w_key, b_keys, *bias)
     chunks = (_sizes(n_ranges), (geom.c,), *(_sizes(q) for q in q_parts))
-    return dsk, chunks, dtype
+    return dsk, result.chunks(chunks), dtype
