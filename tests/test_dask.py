@@ -368,8 +368,8 @@ def test_weight_gradient_blocks_read_their_chunk_and_halo_only():
     # pieces of other chunks are cut where the chunk lives: only they travel
     cuts = {k: args for k, (f, args) in tasks.items() if f is _graph.cut}
     assert cuts and all(k[0] in (X.name, DY.name) for k, _ in cuts.values())
-    for block, a_keys, _ in blocks:
-        for key, (dst, src) in zip(a_keys, block.a.pieces):
+    for _, a_keys, _ in blocks:
+        for key in a_keys:
             if key in cuts:
                 piece = np.prod([s_.stop - s_.start for s_ in cuts[key][1]])
                 chunk = np.prod([X.chunks[i][j] for i, j in enumerate(cuts[key][0][1:])])
@@ -556,3 +556,96 @@ def test_empty_sizes_compute_as_locally(x_shape, w_shape):
     for g, e in zip(got, want):
         assert g.shape == e.shape
         np.testing.assert_array_equal(g, e)
+
+
+# ----------------------------------------------------------------------------
+# What travels between workers, and what a worker holds
+# ----------------------------------------------------------------------------
+
+
+def test_graph_traffic_counts_halos_and_the_reduction_tree():
+    """1-D, kernel 3, pad 1, stride 1, 5 chunks of 8: every block but the edge
+    ones reads one position from each neighbour, cut out where it lives (one
+    halo piece of C channels per side); the 5 partials meet in one sum, which
+    the root reads once."""
+    from convgrad.bench.cluster import graph_traffic
+    c, o, chunks = 3, 4, 5
+    X = da.zeros((2, c, 8 * chunks), chunks=(2, c, 8), dtype=np.float32)
+    DY = da.zeros((2, o, 8 * chunks), chunks=(2, o, 8), dtype=np.float32)
+    dw = cgd.conv_weight_grad(X, DY, (o, c, 3), strides=[1], pads_begin=[1], pads_end=[1])
+    t = graph_traffic(dw, {"x chunk": X, "dy chunk": DY})
+    assert t["blocks"] == chunks
+    assert t["by_kind"]["halo"] == 2 * (chunks - 1) * 2 * c * 4        # 2 samples, float32
+    assert t["by_kind"]["x chunk"] == X.nbytes and t["by_kind"]["dy chunk"] == DY.nbytes
+    assert t["by_kind"]["partial"] == (chunks + 1) * o * c * 3 * 4
+
+
+def test_no_worker_gathers_the_input(client):
+    """A weight gradient whose x and dy chunks live together (dy made from x, where
+    x is), on 3 workers: what travels is halo pieces cut where their chunk lives,
+    partial gradients, and whole chunks only where Dask itself chose to run a
+    block away from its chunks (it balances load); no worker receives more than
+    a fraction of the input."""
+    from convgrad.bench.cluster import TransferMeter, graph_traffic
+    X = da.random.default_rng(14).standard_normal((6, 8, 48, 40), dtype=np.float32,
+                                                   chunks=(2, 8, 16, 20))
+    DY = da.map_blocks(np.sin, X)                 # 'same' pads, stride 1: dy chunks as x's
+    X, DY = client.persist([X, DY])
+    distributed.wait([X, DY])
+    dw = cgd.conv_weight_grad(X, DY, (8, 8, 3, 3), strides=[1, 1], pads_begin=[1, 1],
+                              pads_end=[1, 1])
+    meter = TransferMeter(client, {X.name: "x chunk", DY.name: "dy chunk"})
+    meter.start()
+    got = client.compute(dw, sync=True)
+    moved = meter.stop()
+    bound = graph_traffic(dw, {"x chunk": X, "dy chunk": DY})["by_kind"]
+    kinds = moved["by_kind"]
+    assert set(kinds) <= {"halo", "partial", "x chunk", "dy chunk"}, kinds
+    assert kinds.get("halo", 0) > 0               # 18 blocks on 3 workers share edges
+    assert kinds.get("halo", 0) <= 2 * bound["halo"]
+    assert kinds.get("partial", 0) <= 2 * bound["partial"]
+    assert len(moved["by_worker"]) == 3
+    assert max(moved["by_worker"].values()) < 0.5 * (X.nbytes + DY.nbytes), moved
+    x, dy = X.compute(), DY.compute()
+    assert_close(got, convgrad.conv_weight_grad(x, dy, (8, 8, 3, 3), strides=[1, 1],
+                                                pads_begin=[1, 1], pads_end=[1, 1]),
+                 np.float32)
+
+
+def test_worker_peak_memory_follows_the_chunk_size(tmp_path):
+    """The 3-D GroupConvolutionBackpropData spec op (4 groups of 5 -> 2 channels,
+    stride 2), input made on the workers, result written block by block: with
+    16^3 chunks no worker's peak rises by more than a small multiple of one
+    block, far below the whole problem -- which one chunk needs."""
+    from convgrad.bench.cluster import (BlockFiles, can_measure_peaks, local_cluster, peaks,
+                                        reset_peaks)
+    if not can_measure_peaks():
+        pytest.skip("needs /proc/self/clear_refs (Linux)")
+    filt = np.random.default_rng(15).standard_normal((4, 5, 2, 3, 3, 3)).astype(np.float32)
+    attrs = dict(strides=[2, 2, 2], pads_begin=[1, 1, 1], pads_end=[1, 1, 1],
+                 dilations=[1, 1, 1])
+    shape = (1, 20, 64, 64, 64)
+    whole = (4 * 20 * 64**3 + 4 * 8 * 127**3)          # input + output bytes
+    rises = {}
+    with local_cluster(2) as c:
+        for chunk in (64, 16, 64, 16):                 # twice each: the last of each counts
+            data = da.random.default_rng(16).standard_normal(
+                shape, dtype=np.float32, chunks=(1, 20, chunk, chunk, chunk))
+            out = cgd.openvino.group_convolution_backprop_data(data, filt, **attrs)
+            target = BlockFiles(tmp_path / f"c{chunk}")
+            target_dir = tmp_path / f"c{chunk}"
+            target_dir.mkdir(exist_ok=True)
+            base = reset_peaks(c)
+            c.compute(da.store(out, target, lock=False, compute=False), sync=True)
+            rises[chunk] = max(p["peak"] - base[w] for w, p in peaks(c).items())
+            assert len(target.files()) == out.npartitions
+    block = 4 * 20 * 18**3 + 4 * 8 * 32**3             # one window + one result block
+    assert rises[64] > 0.9 * whole                     # one chunk: the whole problem
+    assert rises[16] < 0.2 * whole, (rises, whole)
+    assert rises[16] < 12 * block, (rises, block)
+    full = np.zeros((1, 8, 127, 127, 127), np.float32)
+    for starts, b in target.blocks():
+        full[tuple(slice(s, s + n) for s, n in zip(starts, b.shape))] = b
+    want = convgrad.openvino.group_convolution_backprop_data(
+        data.compute(scheduler="threads"), filt, **attrs)
+    assert_close(full, want, np.float32)
