@@ -59,32 +59,32 @@ def _status(field: str) -> int:
     raise KeyError(field)
 
 
-def _reset_peak() -> int:
+def reset_process_peak() -> int:
     """Reset this process's VmHWM to its current RSS; return that RSS."""
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     return _status("VmRSS")
 
 
-def _peak() -> dict:
+def process_peak() -> dict:
     return {"peak": _status("VmHWM"), "rss": _status("VmRSS")}
 
 
 def reset_peaks(client) -> dict[str, int]:
     """Reset every worker's peak RSS; return each worker's RSS (the baseline)."""
-    return client.run(_reset_peak)
+    return client.run(reset_process_peak)
 
 
 def peaks(client) -> dict[str, dict]:
     """Every worker's peak RSS since :func:`reset_peaks`, and its RSS now (bytes)."""
-    return client.run(_peak)
+    return client.run(process_peak)
 
 
 def can_measure_peaks() -> bool:
     """Whether this system has the ``/proc`` files :func:`reset_peaks` needs."""
     try:
-        _reset_peak()
-        _peak()
+        reset_process_peak()
+        process_peak()
     except (OSError, KeyError):
         return False
     return True
