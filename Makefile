@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test test-fast fuzz fuzz-long bench install install-peers clean
+.PHONY: demo test test-fast fuzz fuzz-long bench bench-dask install install-peers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,13 @@ test-fast: $(VENV)/.cli
 # e.g. BENCH_ARGS="--layers r50_res2_3x3 --repeat 3".  Results: benchmarks/results/.
 bench: install-peers
 	$(BIN)/python -m convgrad.bench --dtypes float32 float16 bfloat16 $(BENCH_ARGS)
+
+# convgrad.dask on LocalClusters: scaling with workers and bytes moved (about 5 min), then
+# the 3-D spec example's per-worker memory (about 3 min, 7 GB RAM, 3 GB disk).
+# Results: benchmarks/results/dask_{scaling,3d}.md.
+bench-dask: install-peers
+	$(BIN)/python benchmarks/dask_scaling.py
+	$(BIN)/python benchmarks/dask_3d.py
 
 # Long property-based runs (not part of make test): the same properties, more examples.
 fuzz: install
