@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -37,7 +36,6 @@ def local_cluster(n_workers: int, threads_per_worker: int = 1, **kwargs):
     import dask
     import distributed
 
-    os.environ["DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH"] = str(LOG_LENGTH)
     kwargs = {"dashboard_address": ":0", "silence_logs": 40, **kwargs}
     with dask.config.set({"distributed.admin.low-level-log-length": LOG_LENGTH}), \
             distributed.LocalCluster(n_workers=n_workers, threads_per_worker=threads_per_worker,
