@@ -28,7 +28,12 @@ How the reference is built, and why:
 The sweep is generated from a fixed seed at collection time, so ids and data
 are stable.  One runtime discrepancy is known (strict xfail, see QUIRK_1X1):
 with every kernel dim and stride 1 and an output as large as the input, the
-CPU plugin's Deconvolution ignores pads_begin.
+CPU plugin's Deconvolution ignores pads_begin.  Another depends on the CPU
+(see INT8_PATH): on AVX2 machines without AVX-512 the plugin's int8
+convolutions with strides, dilations or pads differ from its own int32 and f32
+results of the same model (e.g. 8 where the products sum to 6); where an int8
+result differs from convgrad's, the case is compared with the runtime's int32
+result, saturated to int8 as the runtime's integer rule says, and marked xfail.
 """
 
 import copy
@@ -384,6 +389,19 @@ CASES = _sweep()
 # A known CPU-plugin discrepancy
 # ----------------------------------------------------------------------------
 
+INT8_PATH = ("OpenVINO CPU plugin: this int8 result differs from the runtime's own int32 "
+             "result of the same model, saturated (seen on AVX2 CPUs without AVX-512, with "
+             "strides, dilations or pads); convgrad equals the int32 result")
+
+
+def saturated_int32_run(case, data, filt):
+    """The case's model run by the runtime in int32 (exact: every partial sum is
+    below 2**24), saturated to the case's integer dtype."""
+    wide, _ = run_openvino(case, data.astype(np.int32), filt.astype(np.int32))
+    info = np.iinfo(case.dtype)
+    return np.clip(wide, info.min, info.max).astype(case.dtype)
+
+
 QUIRK_1X1 = ("OpenVINO CPU Deconvolution ignores the effective pads_begin when every kernel "
              "dim and stride is 1 and the output spatial shape equals the input's "
              "(it returns the uncropped 1x1 result); convgrad follows the op definition")
@@ -434,6 +452,11 @@ def check_case(case, data=None, filt=None):
     if case.dtype.kind == "f":
         assert_close(got, want, tol=_tolerance(case.dtype))
     else:
+        if case.dtype.itemsize < 4 and not np.array_equal(got, want):
+            exact = saturated_int32_run(case, data, filt)
+            if not np.array_equal(want, exact):          # the runtime disagrees with itself
+                np.testing.assert_array_equal(got, exact)
+                pytest.xfail(INT8_PATH)
         np.testing.assert_array_equal(got, want)
     return data, filt, got, want
 

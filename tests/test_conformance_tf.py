@@ -94,20 +94,32 @@ PAIR_WRAPPERS = {
 }
 
 
-def _onednn_active():
-    """True when TF's fp32 SAME/VALID backprops run oneDNN (they then accept
-    dilation); the Eigen kernels raise a clean InvalidArgumentError."""
+def _onednn_active(dtype=F32, grad="wgrad"):
+    """True when TF's SAME/VALID backprops (weight or data gradients) in ``dtype``
+    run oneDNN (they then accept dilation); the Eigen kernels raise a clean
+    InvalidArgumentError."""
+    t = TF_DT[dtype]
+    kw = dict(strides=[1, 1, 1, 1], padding="VALID", dilations=[1, 2, 1, 1])
     try:
-        tf.raw_ops.Conv2DBackpropFilter(
-            input=tf.ones((1, 3, 1, 1)), filter_sizes=[2, 1, 1, 1],
-            out_backprop=tf.ones((1, 1, 1, 1)), strides=[1, 1, 1, 1], padding="VALID",
-            dilations=[1, 2, 1, 1])
+        if grad == "wgrad":
+            tf.raw_ops.Conv2DBackpropFilter(
+                input=tf.ones((1, 3, 1, 1), t), filter_sizes=[2, 1, 1, 1],
+                out_backprop=tf.ones((1, 1, 1, 1), t), **kw)
+        else:
+            tf.raw_ops.Conv2DBackpropInput(
+                input_sizes=[1, 3, 1, 1], filter=tf.ones((2, 1, 1, 1), t),
+                out_backprop=tf.ones((1, 1, 1, 1), t), **kw)
         return True
     except tf.errors.InvalidArgumentError:
         return False
 
 
 ONEDNN = _onednn_active()
+# oneDNN's 16-bit kernels depend on the CPU: without AVX-512 (e.g. AVX2-only machines)
+# TF runs its Eigen kernels for some of them, which refuse channels-first layouts,
+# dilations > 1, groups and unequal depthwise strides.  Probed per dtype and direction.
+ONEDNN_16BIT = {(dt, grad): ONEDNN and _onednn_active(dt, grad)
+                for dt in (F16, BF16) for grad in ("wgrad", "dgrad")}
 
 
 # ----------------------------------------------------------------------------
@@ -305,6 +317,8 @@ def run_convgrad(c, a):
 
 
 def eigen_kernel(c, dtype):
+    if dtype in (F16, BF16) and not ONEDNN_16BIT[(dtype, c.grad)]:
+        return True
     return dtype == F64 or c.pad in EXPLICITISH or not ONEDNN
 
 
