@@ -26,15 +26,7 @@ import numpy as np
 
 import convgrad
 from convgrad import openvino, settings
-
-
-def status(field: str) -> int:
-    """A memory field of /proc/self/status, in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(field)
+from convgrad.bench.cluster import proc_status as status
 
 
 def direct(data, filt, point, strides, pads_begin):

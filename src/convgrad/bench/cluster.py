@@ -49,7 +49,8 @@ def local_cluster(n_workers: int, threads_per_worker: int = 1, **kwargs):
 # ----------------------------------------------------------------------------
 
 
-def _status(field: str) -> int:
+def proc_status(field: str) -> int:
+    """A memory field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``, ...), in bytes."""
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field + ":"):
@@ -61,11 +62,11 @@ def reset_process_peak() -> int:
     """Reset this process's VmHWM to its current RSS; return that RSS."""
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    return _status("VmRSS")
+    return proc_status("VmRSS")
 
 
 def process_peak() -> dict:
-    return {"peak": _status("VmHWM"), "rss": _status("VmRSS")}
+    return {"peak": proc_status("VmHWM"), "rss": proc_status("VmRSS")}
 
 
 def reset_peaks(client) -> dict[str, int]:
