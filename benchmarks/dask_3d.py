@@ -20,8 +20,8 @@ Run alone, under the shared benchmark lock (it needs about 7 GB of memory and
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -65,19 +65,6 @@ def filter_values() -> np.ndarray:
     return np.random.default_rng(1).standard_normal((4, 5, 2, 3, 3, 3)).astype(np.float32)
 
 
-def block_sizes(result, data) -> dict:
-    """The largest block task's window (input it reads) and result, in bytes."""
-    from convgrad.dask import _graph
-    window = result_b = 0
-    for task in dict(result.__dask_graph__()).values():
-        if isinstance(task, tuple) and task and task[0] is _graph.run_block:
-            block = task[1]
-            if block.b is not None:
-                window = max(window, math.prod(block.b.shape) * data.dtype.itemsize)
-            result_b = max(result_b, math.prod(block.shape) * data.dtype.itemsize)
-    return {"window": window, "result": result_b}
-
-
 def warm_up(client, filt) -> None:
     """Import convgrad and compile its kernels on every worker, outside the
     measured peak (a small problem of the same op, chunked so both workers run it)."""
@@ -102,7 +89,6 @@ def run_chunked(size: int, chunk: int, workers: int, filt, tmp: Path, local: np.
         data = coordinate_data(shape, (1, 20, chunk, chunk, chunk))
         out = cgd.openvino.group_convolution_backprop_data(data, filt, **ATTRS)
         store = da.store(out, target, lock=False, compute=False)
-        sizes = block_sizes(out, data)
         traffic = graph_traffic(out, {})
         meter = TransferMeter(client, {data.name: "data chunk"})
         base = reset_peaks(client)
@@ -122,12 +108,12 @@ def run_chunked(size: int, chunk: int, workers: int, filt, tmp: Path, local: np.
         err = max(err, float(np.abs(block - want).max()) / scale)
         n_files += 1
     shutil.rmtree(directory, ignore_errors=True)
-    footprint = sizes["window"] + sizes["result"]
+    window, result = traffic["max_block_window_bytes"], traffic["max_block_result_bytes"]
     return {"chunk": chunk, "blocks": traffic["blocks"], "files": n_files,
-            "input_chunk_bytes": 20 * chunk**3 * 4, "block_window_bytes": sizes["window"],
-            "block_result_bytes": sizes["result"], "seconds": seconds,
+            "input_chunk_bytes": 20 * chunk**3 * 4, "block_window_bytes": window,
+            "block_result_bytes": result, "seconds": seconds,
             "baseline_rss": base, "peaks": worker_peaks, "peak_rise": rises,
-            "peak_rise_per_block": max(rises.values()) / footprint,
+            "peak_rise_per_block": max(rises.values()) / (window + result),
             "moved": moved, "max_rel_err": err}
 
 
@@ -149,12 +135,9 @@ def run_local(size: int, filt) -> tuple[np.ndarray, dict]:
     with tempfile.TemporaryDirectory() as d:          # what writing the result costs alone
         target = BlockFiles(d)
         step = 112 if size >= 112 else size
-        for i in range(0, out.shape[2], step):
-            for j in range(0, out.shape[3], step):
-                for k in range(0, out.shape[4], step):
-                    region = (slice(0, 1), slice(0, 8), slice(i, i + step), slice(j, j + step),
-                              slice(k, k + step))
-                    target[region] = out[region]
+        for starts in itertools.product(*(range(0, n, step) for n in out.shape[2:])):
+            region = (slice(0, 1), slice(0, 8), *(slice(s, s + step) for s in starts))
+            target[region] = out[region]
         write = time.perf_counter() - t0
     return out, {"seconds": seconds, "peak_rise": rise, "input_bytes": data.nbytes,
                  "output_bytes": out.nbytes, "write_seconds": write}

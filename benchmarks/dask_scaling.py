@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 import convgrad
-from convgrad.bench.cluster import TransferMeter, graph_traffic, local_cluster
+from convgrad.bench.cluster import TransferMeter, graph_traffic, key_name, local_cluster
 from convgrad.bench.harness import _loadavg, gemm_ceiling, machine_info
 
 PAUSE_S = 0.15
@@ -136,9 +136,8 @@ class DaskParty:
         self.meter = TransferMeter(client, labels)
         self.traffic = graph_traffic(self.lazy, {f"{k} chunk": v for k, v in persisted.items()
                                                  if isinstance(v, da.Array)})
-        self.tasks = len([k for k in dict(self.lazy.__dask_graph__())
-                          if not any(str(k[0] if isinstance(k, tuple) else k) == name
-                                     for name in labels)])
+        self.tasks = sum(1 for k in dict(self.lazy.__dask_graph__())
+                         if key_name(k) not in labels)
 
     def step(self):
         import distributed

@@ -420,12 +420,9 @@ def test_data_results_are_chunked_like_their_input():
 
 def _own_tasks(arr, *inputs) -> int:
     """Tasks of ``arr``'s graph that are not chunks of ``inputs``."""
+    from convgrad.bench.cluster import key_name
     names = {a.name for a in inputs}
-    return sum(1 for k in dict(arr.__dask_graph__()) if _graph_key_name(k) not in names)
-
-
-def _graph_key_name(key) -> str:
-    return key[0] if isinstance(key, tuple) else key
+    return sum(1 for k in dict(arr.__dask_graph__()) if key_name(k) not in names)
 
 
 def test_channels_last_needs_no_layout_tasks():
@@ -632,9 +629,9 @@ def test_worker_peak_memory_follows_the_chunk_size(tmp_path):
             data = da.random.default_rng(16).standard_normal(
                 shape, dtype=np.float32, chunks=(1, 20, chunk, chunk, chunk))
             out = cgd.openvino.group_convolution_backprop_data(data, filt, **attrs)
-            target = BlockFiles(tmp_path / f"c{chunk}")
             target_dir = tmp_path / f"c{chunk}"
             target_dir.mkdir(exist_ok=True)
+            target = BlockFiles(target_dir)
             base = reset_peaks(c)
             c.compute(da.store(out, target, lock=False, compute=False), sync=True)
             rises[chunk] = max(p["peak"] - base[w] for w, p in peaks(c).items())

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..dtypes import compute_dtype
+
 LOG_LENGTH = 10**6
 """Entries kept in each worker's transfer log (Dask's default, 1000, can be
 shorter than one step)."""
@@ -120,9 +122,11 @@ def _transfer_log(dask_worker):
     return len(dask_worker.transfer_incoming_log), dask_worker.state.transfer_incoming_count_total
 
 
-def _transfers_since(start: int, dask_worker):
-    log = list(dask_worker.transfer_incoming_log)[start:]
-    return [(who, keys) for who, keys in ((e["who"], e["keys"]) for e in log)]
+def _transfers_since(starts: dict, dask_worker):
+    """The ``{key: nbytes}`` of each transfer this worker received since its
+    log held ``starts[its address]`` entries."""
+    log = list(dask_worker.transfer_incoming_log)[starts.get(dask_worker.address, 0):]
+    return [entry["keys"] for entry in log]
 
 
 class TransferMeter:
@@ -143,14 +147,15 @@ class TransferMeter:
         "by_worker": {worker: bytes received}}``."""
         assert self._start is not None, "start() first"
         after = self.client.run(_transfer_log)
+        starts = {w: self._start.get(w, (0, 0))[0] for w in after}
+        received = self.client.run(_transfers_since, starts)
         by_kind, by_worker, total, count = Counter(), Counter(), 0, 0
         for worker, (length, n_total) in after.items():
             start_len, start_total = self._start.get(worker, (0, 0))
             if length - start_len != n_total - start_total:
                 raise RuntimeError(f"{worker}: transfer log overflowed "
                                    f"({length - start_len} of {n_total - start_total} kept)")
-            for _who, keys in self.client.run(_transfers_since, start_len, workers=[worker])[
-                    worker]:
+            for keys in received[worker]:
                 count += 1
                 for key, nbytes in keys.items():
                     by_kind[key_kind(key, self.inputs)] += nbytes
@@ -169,7 +174,9 @@ def graph_traffic(arr, inputs: dict[str, str]) -> dict:
 
     ``halo`` is then the sum of all halo pieces, ``partial`` the edges of the
     reduction tree; input chunks count once per reading task (a neighbour whose
-    window needs more than half of a chunk reads it whole)."""
+    window needs more than half of a chunk reads it whole).  Also: the number of
+    blocks, and the largest block's window (all it reads of the large inputs) and
+    result, in bytes."""
     from ..dask import _graph
 
     sizes, labels = {}, {}
@@ -179,9 +186,9 @@ def graph_traffic(arr, inputs: dict[str, str]) -> dict:
             shape = [a.chunks[i][j] for i, j in enumerate(index)]
             sizes[(a.name, *index)] = math.prod(shape) * a.dtype.itemsize
     graph = dict(arr.__dask_graph__())
-    partial_bytes = arr.size * _compute(arr.dtype).itemsize   # a weight gradient's partial
+    partial_bytes = arr.size * compute_dtype(arr.dtype).itemsize   # a weight gradient's partial
     out = Counter()
-    blocks = 0
+    blocks = max_window = max_result = 0
     for task in graph.values():
         if not (isinstance(task, tuple) and task and callable(task[0])):
             continue
@@ -189,25 +196,24 @@ def graph_traffic(arr, inputs: dict[str, str]) -> dict:
         if func is _graph.run_block:
             block, a_keys, b_keys = args[:3]
             blocks += 1
+            itemsize = block.dtype.itemsize
+            max_window = max(max_window, sum(math.prod(w.shape) * itemsize
+                                             for w in (block.a, block.b) if w is not None))
+            max_result = max(max_result, math.prod(block.shape) * itemsize)
             for win, keys in ((block.a, a_keys), (block.b, b_keys)):
                 for k, (dst, _src) in zip(keys, win.pieces if win else ()):
                     kind = key_kind(k, labels)
                     if k in sizes:
                         out[kind] += sizes[k]
                     else:                # a halo piece: its destination's size
-                        out[kind] += math.prod(s.stop - s.start for s in dst) * \
-                            block.dtype.itemsize
+                        out[kind] += math.prod(s.stop - s.start for s in dst) * itemsize
         elif func is _graph.sum_partials:
             out["partial"] += len(args[0]) * partial_bytes
         elif func is _graph.finish_weights:
             out["partial"] += partial_bytes
     return {"blocks": blocks, "by_kind": dict(out),
-            "input_bytes": {label: a.nbytes for label, a in inputs.items()}}
-
-
-def _compute(dtype) -> np.dtype:
-    from ..dtypes import compute_dtype
-    return np.dtype(compute_dtype(np.dtype(dtype)))
+            "input_bytes": {label: a.nbytes for label, a in inputs.items()},
+            "max_block_window_bytes": max_window, "max_block_result_bytes": max_result}
 
 
 # ----------------------------------------------------------------------------
@@ -218,7 +224,7 @@ def _compute(dtype) -> np.dtype:
 class BlockFiles:
     """A ``da.store`` target: each stored block becomes ``<dir>/<starts>.npy``
     (its region's start per axis, joined by ``_``), written by the worker that
-    computed it.  :meth:`read` assembles any block back."""
+    computed it.  :meth:`blocks` reads them back."""
 
     def __init__(self, directory):
         self.directory = str(directory)
