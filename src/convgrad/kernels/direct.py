@@ -18,13 +18,11 @@ pay numba's import time.
 from __future__ import annotations
 
 import math
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ..geometry import ConvGeometry
+from ._pool import run_ranges
 
 # C/G * O/G above this, oneDNN-class GEMM kernels win (benchmarks/direct_kernel.py
 # --crossover: at 4x4 the direct kernel is about even with PyTorch, at 8x8
@@ -62,26 +60,10 @@ def _threads(geom: ConvGeometry) -> int:
     return 1 if geom.flops < SERIAL_FLOPS else workers()
 
 
-_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
-_POOLS_LOCK = threading.Lock()
-
-
 def _run(fn, args, ntasks: int, threads: int) -> None:
     """``fn(*args, lo, hi)`` over ``[0, ntasks)``, split into blocks run on
     ``threads`` threads (a block's result does not depend on the split)."""
-    if threads <= 1 or ntasks <= 1:
-        fn(*args, 0, ntasks)
-        return
-    key = (os.getpid(), threads)            # a forked child gets pools of its own
-    with _POOLS_LOCK:
-        pool = _POOLS.get(key)
-        if pool is None:
-            pool = _POOLS[key] = ThreadPoolExecutor(threads, "convgrad-direct")
-    nblocks = min(ntasks, 4 * threads)
-    bounds = [ntasks * i // nblocks for i in range(nblocks + 1)]
-    futures = [pool.submit(fn, *args, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
-    for f in futures:
-        f.result()
+    run_ranges(lambda lo, hi: fn(*args, lo, hi), ntasks, threads)
 
 
 def _args(geom: ConvGeometry):
