@@ -52,6 +52,8 @@ def run_kernel(kernel: kernels.Kernel, a: np.ndarray, b: np.ndarray, geom: ConvG
     a, b = (to_nxc(t, is_w) for t, is_w in zip((a, b), _WEIGHT_ARGS[kind]))
     if not kernel.converts or np.dtype(cdt).kind != "f":
         a, b = _in_compute_dtype(a, cdt), _in_compute_dtype(b, cdt)
+    elif kernel.reads_half:
+        pass                   # the kernel converts float16/bfloat16 blocks itself
     else:
         # float16 views: NumPy's float16 cast is slow wherever it happens (also
         # in a kernel's own copies); a contiguous one takes the compiled one.

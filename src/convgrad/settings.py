@@ -24,6 +24,9 @@ FALLBACK_WORKSPACE_BYTES = 512 * 2**20
 _algo = contextvars.ContextVar("convgrad_algo", default="auto")
 _workspace = contextvars.ContextVar("convgrad_workspace", default=None)
 _threads = contextvars.ContextVar("convgrad_threads", default=None)
+_isa = contextvars.ContextVar("convgrad_isa", default="auto")
+
+ISAS = ("auto", "avx512", "avx2", "generic")
 
 
 def algo() -> str:
@@ -45,6 +48,12 @@ def workspace_bytes() -> int:
     return default_workspace_bytes() if value is None else value
 
 
+def isa() -> str:
+    """The build of the native engine to use: ``"auto"`` (the best this CPU runs),
+    ``"avx512"``, ``"avx2"`` or ``"generic"``."""
+    return _isa.get()
+
+
 def threads() -> int | None:
     """The thread count set with ``config(threads=...)``, None for the default.
     Kernels that run thread pools of their own use at most this many threads."""
@@ -61,7 +70,7 @@ def _positive_int(name: str, value) -> int:
 
 @contextlib.contextmanager
 def config(*, algo: str | None = None, workspace_bytes: int | None = None,
-           threads: int | None = None):
+           threads: int | None = None, isa: str | None = None):
     """Settings for the calls made inside the block.
 
     algo : str, optional
@@ -76,6 +85,11 @@ def config(*, algo: str | None = None, workspace_bytes: int | None = None,
         **process-wide**: while the block runs it also applies to calls from
         other threads, and it is restored when the block exits (do not enter
         ``threads=`` blocks from several threads at once).
+    isa : str, optional
+        The build of the native engine (``"avx512"``, ``"avx2"``, ``"generic"``)
+        or ``"auto"`` (default: the best one this CPU runs); forcing a build
+        the CPU cannot run makes native-kernel calls raise ``ConvGradError``.
+        ``convgrad.kernels.native.info()`` lists what is loaded.
     """
     if algo is not None and not isinstance(algo, str):
         raise TypeError(f"algo must be a string, got {algo!r}")
@@ -85,12 +99,15 @@ def config(*, algo: str | None = None, workspace_bytes: int | None = None,
         workspace_bytes = int(workspace_bytes)
     if threads is not None:
         threads = _positive_int("threads", threads)
+    if isa is not None and isa not in ISAS:
+        raise ValueError(f"isa must be one of {', '.join(map(repr, ISAS))}, got {isa!r}")
     with contextlib.ExitStack() as stack:
         if threads is not None:
             from threadpoolctl import threadpool_limits
             stack.enter_context(threadpool_limits(limits=threads, user_api="blas"))
         tokens = [(var, var.set(value)) for var, value in
-                  ((_algo, algo), (_workspace, workspace_bytes), (_threads, threads))
+                  ((_algo, algo), (_workspace, workspace_bytes), (_threads, threads),
+                   (_isa, isa))
                   if value is not None]
         try:
             yield
@@ -102,7 +119,8 @@ def config(*, algo: str | None = None, workspace_bytes: int | None = None,
 def snapshot() -> dict:
     """The settings of the current context, to re-apply elsewhere with
     :func:`applied` (e.g. in the tasks of a Dask graph built here)."""
-    return {"algo": _algo.get(), "workspace_bytes": _workspace.get(), "threads": _threads.get()}
+    return {"algo": _algo.get(), "workspace_bytes": _workspace.get(), "threads": _threads.get(),
+            "isa": _isa.get()}
 
 
 @contextlib.contextmanager
@@ -111,7 +129,7 @@ def applied(settings: dict):
     only, not :func:`config`'s process-wide BLAS limit, so tasks running
     concurrently in one process may each enter it."""
     pairs = ((_algo, settings.get("algo")), (_workspace, settings.get("workspace_bytes")),
-             (_threads, settings.get("threads")))
+             (_threads, settings.get("threads")), (_isa, settings.get("isa")))
     tokens = [(var, var.set(value)) for var, value in pairs if value is not None]
     try:
         yield

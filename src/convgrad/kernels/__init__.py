@@ -47,6 +47,7 @@ class Kernel:
     priority: int
     layout: str = "ncx"
     converts: bool = False   # takes strided views in the caller's float dtype
+    reads_half: bool = False  # ... float16/bfloat16 ones too, as they are
 
 
 _REGISTRY: dict[str, list[Kernel]] = {op: [] for op in OPS}
@@ -110,8 +111,11 @@ def _blas_float(op):
 
 
 def _register_builtin() -> None:
-    from . import direct, im2col, reference, shifted
+    from . import direct, im2col, native, reference, shifted
+    native.warn_if_unavailable()
     for op in OPS:
+        register(Kernel("native", op, getattr(native, op), native.supports, priority=40,
+                        layout="nxc", converts=True, reads_half=True))
         register(Kernel("reference", op, getattr(reference, op), _always, priority=0))
         register(Kernel("im2col", op, getattr(im2col, op), _always, priority=10))
         register(Kernel("direct", op, getattr(direct, op), direct.supports, 20, "nxc"))

@@ -1,0 +1,495 @@
+"""The native engine: register-blocked direct convolution compiled from C++.
+
+``native/engine.cpp`` is built three times by ``pip install`` (``setup.py``):
+for AVX-512, for AVX2 + FMA + F16C, and for the compiler's baseline (portable)
+-- ``convgrad.kernels._engine_{avx512,avx2,generic}``.  At run time the best
+build this CPU can run is used (``convgrad.config(isa=...)`` forces one, for
+tests and comparisons); the libraries are loaded with ctypes, which releases
+the GIL during every call, and this module's worker threads run ranges of
+work items side by side (``config(threads=n)``).
+
+Every problem maps onto two compiled kernels (see docs/kernels.md):
+
+- ``corr`` for the forward convolution and, one stride phase at a time, the
+  data gradient;
+- ``wgrad`` for the weight gradient.
+
+The kernels read the caller's views as they are -- float32, float16 or
+bfloat16, channels last or first -- and convert blocks of lines into per-thread
+scratch only when a view is not float32 with unit channel stride: no
+whole-tensor layout or dtype copy is made.  The results are float32; a
+forward or data gradient result is laid out in the memory order of its data
+input (an NCX caller gets NCX memory, seen here as an NXC view), so no layout
+copy is needed on the way back either.
+
+If no build can be loaded, :func:`available` says why and the registry falls
+back to the NumPy/numba kernels (with one warning at import).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import math
+import os
+import warnings
+
+import numpy as np
+
+from .. import settings
+from ..errors import ConvGradError
+from ..geometry import ConvGeometry
+from . import _pool
+from ._blas import cpu_count, scratch
+
+ISAS = ("avx512", "avx2", "generic")
+MODULES = {isa: f"convgrad.kernels._engine_{isa}" for isa in ISAS}
+
+# cg_cpu_features() bits
+_AVX2, _FMA, _F16C, _AVX512F, _AVX512BW, _AVX512VL, _AVX512DQ = (1 << i for i in range(7))
+REQUIRES = {"avx512": (_AVX512F | _AVX512BW | _AVX512VL | _AVX512DQ | _AVX2 | _FMA | _F16C,
+                       "avx512f, avx512bw, avx512vl, avx512dq"),
+            "avx2": (_AVX2 | _FMA | _F16C, "avx2, fma, f16c"),
+            "generic": (0, "")}
+
+DTYPE_CODES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}
+try:
+    import ml_dtypes
+    DTYPE_CODES[np.dtype(ml_dtypes.bfloat16)] = 2
+except ImportError:                                       # pragma: no cover
+    pass
+
+# Below this many FLOPs one thread is faster than waking the others.
+SERIAL_FLOPS = 2**21
+# Per-thread scratch for converted input lines, per work item.
+PACK_BYTES = 1 * 2**20
+# wgrad: the packed panels of one chunk of positions (x rows, dy rows) stay in L2;
+# a chunk has at least / at most this many positions.
+WGRAD_PANEL_BYTES = 256 * 2**10
+WGRAD_MIN_CHUNK = 32
+WGRAD_MAX_CHUNK = 512
+# wgrad: output lines at least this long are chunked along w alone (x rows packed
+# once per kernel row for all its taps); shorter ones are gathered into chunks.
+WGRAD_LINE_MIN = 24
+# wgrad: read float32 channels-last x rows in place (False: pack them too; tests)
+WGRAD_DIRECT_X = True
+# wgrad: per-chunk partial weight gradients, at most this many and this many bytes;
+# weight gradients larger than DW_SPLIT_BYTES split the output channels instead.
+WGRAD_CHUNKS = 8
+PARTIALS_BYTES = 16 * 2**20
+DW_SPLIT_BYTES = 2 * 2**20
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [("ptr", ctypes.c_void_p), ("dtype", ctypes.c_int64),
+                ("stride", ctypes.c_int64 * 5)]
+
+
+_I64 = ctypes.c_int64
+_I64P = ctypes.POINTER(ctypes.c_int64)
+_F32P = ctypes.c_void_p
+
+
+class _Corr(ctypes.Structure):
+    _fields_ = [("inp", _Tensor), ("out", ctypes.c_void_p), ("ostride", _I64 * 5),
+                ("N", _I64), ("Lin", _I64 * 3), ("Cin", _I64), ("Cout", _I64),
+                ("groups", _I64), ("is_", _I64 * 3), ("os", _I64 * 3),
+                ("phases", ctypes.c_void_p), ("taps", ctypes.c_void_p),
+                ("wpk", ctypes.c_void_p), ("ntap_w", _I64), ("nv", _I64), ("r", _I64),
+                ("items", ctypes.c_void_p)]
+
+
+class _Wgrad(ctypes.Structure):
+    _fields_ = [("x", _Tensor), ("dy", _Tensor), ("N", _I64), ("L", _I64 * 3), ("C", _I64),
+                ("M", _I64 * 3), ("O", _I64), ("groups", _I64), ("K", _I64 * 3),
+                ("s", _I64 * 3), ("d", _I64 * 3), ("pb", _I64 * 3), ("nv", _I64),
+                ("chunk", _I64), ("line_min", _I64), ("direct_x", _I64),
+                ("items", ctypes.c_void_p)]
+
+
+class Engine:
+    """One loaded build of the engine."""
+
+    def __init__(self, isa: str, path: str):
+        lib = ctypes.CDLL(path)
+        self.isa, self.path, self.lib = isa, path, lib
+        vp, i64 = ctypes.c_void_p, ctypes.c_int64
+        for name, res, args in (
+                ("cg_isa", ctypes.c_char_p, []),
+                ("cg_vector_floats", i64, []),
+                ("cg_cpu_features", i64, []),
+                ("cg_corr_rmax", i64, [i64]),
+                ("cg_wgrad_mr", i64, [i64]),
+                ("cg_corr_scratch", i64, [vp, i64, i64]),
+                ("cg_corr_run", None, [vp, i64, i64, vp]),
+                ("cg_wgrad_scratch", i64, [vp]),
+                ("cg_wgrad_run", None, [vp, i64, i64, i64, i64, vp, vp]),
+                ("cg_pack_panels", None, [vp, i64, i64, i64, i64, i64, i64, i64, i64, i64, vp,
+                                          i64, i64])):
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        built = lib.cg_isa().decode()
+        if built != isa:
+            raise ImportError(f"{path} is the {built!r} build, not {isa!r}")
+        self.vl = int(lib.cg_vector_floats())
+        self.corr_rmax = {nv: int(lib.cg_corr_rmax(nv)) for nv in (1, 2, 3, 4)}
+        self.wgrad_mr = {nv: int(lib.cg_wgrad_mr(nv)) for nv in (1, 2, 3, 4)}
+
+
+# -- loading -------------------------------------------------------------------------------
+
+_ENGINES: dict[str, Engine] = {}
+_MISSING: dict[str, str] = {}
+_FEATURES: int | None = None
+_LOADED = False
+
+
+def _library_path(isa: str) -> str:
+    spec = importlib.util.find_spec(MODULES[isa])
+    if spec is None or not spec.origin:
+        raise ImportError(f"{MODULES[isa]} is not built (reinstall convgrad with a C++ compiler)")
+    return spec.origin
+
+
+def _load() -> None:
+    """Load every build this CPU can run (once)."""
+    global _LOADED, _FEATURES
+    if _LOADED:
+        return
+    _LOADED = True
+    if os.environ.get("CONVGRAD_NATIVE", "").lower() in ("0", "off", "no", "false"):
+        for isa in ISAS:
+            _MISSING[isa] = "disabled by CONVGRAD_NATIVE=0"
+        return
+    for isa in reversed(ISAS):                 # generic first: it reports the CPU's features
+        need, names = REQUIRES[isa]
+        if _FEATURES is not None and (_FEATURES & need) != need:
+            _MISSING[isa] = f"this CPU lacks {names}"
+            continue
+        try:
+            eng = Engine(isa, _library_path(isa))
+        except (ImportError, OSError, AttributeError) as exc:
+            _MISSING[isa] = str(exc)
+            continue
+        _ENGINES[isa] = eng
+        if _FEATURES is None:
+            _FEATURES = int(eng.lib.cg_cpu_features())
+    if _FEATURES is None:
+        _FEATURES = _features_from_proc()
+    for isa in ISAS:
+        need, names = REQUIRES[isa]
+        if isa in _ENGINES and (_FEATURES & need) != need:
+            del _ENGINES[isa]
+            _MISSING[isa] = f"this CPU lacks {names}"
+
+
+def _features_from_proc() -> int:
+    """The CPU features from /proc/cpuinfo, when no build reports them."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = next((line.split(":", 1)[1].split() for line in fh
+                          if line.startswith("flags")), [])
+    except OSError:
+        return 0
+    names = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq")
+    return sum(1 << i for i, n in enumerate(names) if n in flags)
+
+
+def available() -> str | None:
+    """None when at least one build is loaded, else why none is."""
+    _load()
+    if _ENGINES:
+        return None
+    return "; ".join(f"{isa}: {why}" for isa, why in _MISSING.items())
+
+
+def info() -> dict:
+    """Which builds are loaded, which one runs by default, and why others are not."""
+    _load()
+    best = next((isa for isa in ISAS if isa in _ENGINES), None)
+    return {"default": best, "loaded": [isa for isa in ISAS if isa in _ENGINES],
+            "unavailable": dict(_MISSING),
+            "cpu_features": [n for i, n in enumerate(
+                ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"))
+                if (_FEATURES or 0) >> i & 1]}
+
+
+def warn_if_unavailable() -> None:
+    """One warning when the engine cannot run on a CPU that should run it."""
+    why = available()
+    if why is not None and "CONVGRAD_NATIVE=0" not in why:
+        warnings.warn(f"convgrad: the native engine could not be loaded ({why}); using the "
+                      f"slower NumPy/numba kernels", RuntimeWarning, stacklevel=3)
+
+
+def engine() -> Engine:
+    """The build selected by ``convgrad.config(isa=...)`` (default: the best one)."""
+    _load()
+    want = settings.isa()
+    if want == "auto":
+        for isa in ISAS:
+            if isa in _ENGINES:
+                return _ENGINES[isa]
+        raise ConvGradError(f"the native engine is not available: {available()}")
+    if want not in _ENGINES:
+        raise ConvGradError(f"isa = {want!r}: that build of the native engine cannot run here "
+                            f"({_MISSING.get(want, 'unknown')})")
+    return _ENGINES[want]
+
+
+# -- the registry's interface -------------------------------------------------------------
+
+def supports(geom: ConvGeometry, dtype) -> str | None:
+    why = available()
+    if why is not None:
+        return f"native engine unavailable: {why}"
+    if np.dtype(dtype) != np.float32:
+        return f"computes in float32 only, not {np.dtype(dtype)}"
+    if geom.spatial_rank > 3:
+        return "1-D, 2-D and 3-D only"
+    return None
+
+
+def _threads(flops: int) -> int:
+    n = settings.threads()
+    n = cpu_count() if n is None else n
+    return 1 if flops < SERIAL_FLOPS else max(1, n)
+
+
+def _tensor(a: np.ndarray) -> _Tensor:
+    """An (N, *S, C) view as a 5-axis descriptor (leading spatial axes of size 1)."""
+    code = DTYPE_CODES.get(a.dtype)
+    if code is None:
+        raise ConvGradError(f"native engine: unsupported dtype {a.dtype}")
+    es = a.itemsize
+    st = [s // es for s in a.strides]
+    r = a.ndim - 2
+    strides = [st[0]] + [0] * (3 - r) + st[1:]
+    return _Tensor(a.ctypes.data, code, (ctypes.c_int64 * 5)(*strides))
+
+
+def _pad3(v, fill):
+    v = tuple(v)
+    return (fill,) * (3 - len(v)) + v
+
+
+def _i64(values) -> np.ndarray:
+    return np.ascontiguousarray(np.array(values, dtype=np.int64).reshape(-1))
+
+
+def _nv_for(channels: int, vl: int) -> int:
+    """Vectors per output block: few wasted lanes, else the widest block."""
+    best, best_key = 1, None
+    for nv in (1, 2, 3, 4):
+        nb = nv * vl
+        blocks = -(-channels // nb)
+        waste = blocks * nb - channels
+        if nv > 1 and nb > channels + vl - 1:
+            continue
+        key = (waste > (vl // 2) * blocks, -nv if nv <= 2 else -1.5, waste)
+        if best_key is None or key < best_key:
+            best, best_key = nv, key
+    return best
+
+
+def _alloc_like(data: np.ndarray, n: int, sizes, channels: int) -> np.ndarray:
+    """A float32 result (N, *sizes, channels) laid out in ``data``'s memory order:
+    channels first in memory when ``data`` is (an NXC view of) an NCX array."""
+    chan_first = data.ndim > 2 and data.shape[-1] > 1 and all(
+        data.strides[-1] >= abs(s) for s, m in zip(data.strides[1:-1], data.shape[1:-1])
+        if m > 1)
+    if chan_first:
+        return np.moveaxis(np.empty((n, channels, *sizes), np.float32), 1, -1)
+    return np.empty((n, *sizes, channels), np.float32)
+
+
+def _weights_2d(w: np.ndarray) -> np.ndarray:
+    """``(*K, A, B)`` weights as ``(T, A, B)`` (a view when the taps flatten)."""
+    return w.reshape(-1, w.shape[-2], w.shape[-1])
+
+
+def _pack(eng: Engine, w3: np.ndarray, A: int, B: int, sa: int, sb: int, gstride: int,
+          groups: int, nv: int, threads: int) -> np.ndarray:
+    T = w3.shape[0]
+    nb = nv * eng.vl
+    nblk = -(-B // nb)
+    out = scratch("native-panels", (groups * nblk * T * A * nb,), np.float32, zero=False)
+    st = w3.strides[0] // w3.itemsize
+    code = DTYPE_CODES[w3.dtype]
+
+    def run(lo, hi):
+        eng.lib.cg_pack_panels(w3.ctypes.data, code, T, A, B, st, sa, sb, gstride, nv,
+                               out.ctypes.data, lo, hi)
+    _pool.run_ranges(run, groups * nblk, threads if out.nbytes > 2**20 else 1, per_thread=1)
+    return out
+
+
+def _corr(eng: Engine, inp: np.ndarray, out: np.ndarray, *, n, lin, cin, cout, groups,
+          istep, ostep, phases, taps, panels, ntap_w, nv, flops) -> None:
+    """Run the corr kernel over every work item (see engine.cpp)."""
+    threads = _threads(flops)
+    lin3 = _pad3(lin, 1)
+    # work items: (n, phase, ud, uh0, uh1) with bands of h lines
+    ph = np.asarray(phases, np.int64).reshape(-1, 8)
+    lines = sum(int(p[3] * p[4]) for p in ph) * n
+    packed = not (inp.dtype == np.float32 and inp.strides[-1] == inp.itemsize)
+    band_count = max(1, lines // max(1, 8 * threads))
+    items = []
+    for k, p in enumerate(ph):
+        ud_n, uh_n = int(p[3]), int(p[4])
+        band = band_count
+        if packed:
+            # the converted lines of an item: (d rows) x (h rows) lines of W x C floats
+            t = taps.reshape(-1, 4)[p[6]:p[7]]
+            rows_d = len(set(t[:, 0].tolist())) or 1
+            rows_h = len(set(t[:, 1].tolist())) or 1
+            line_bytes = lin3[2] * cin * 4
+            for band in range(band_count, 0, -1):
+                if rows_d * min(rows_h * band, band * istep[1] + rows_h) * line_bytes \
+                        <= PACK_BYTES:
+                    break
+        band = max(1, min(band, uh_n))
+        items += [(b, k, ud, h0, min(uh_n, h0 + band)) for b in range(n) for ud in range(ud_n)
+                  for h0 in range(0, uh_n, band)]
+    if not items:
+        return
+    items_a = _i64(items)
+    ostr = [s // out.itemsize for s in out.strides]
+    r = out.ndim - 2
+    ostr5 = [ostr[0]] + [0] * (3 - r) + ostr[1:]
+    rmax = eng.corr_rmax[nv]
+    prob = _Corr(_tensor(inp), out.ctypes.data, (_I64 * 5)(*ostr5), n, (_I64 * 3)(*lin3), cin,
+                 cout, groups, (_I64 * 3)(*istep), (_I64 * 3)(*ostep), ph.ctypes.data,
+                 taps.ctypes.data, panels.ctypes.data, ntap_w, nv, rmax, items_a.ctypes.data)
+    pp = ctypes.addressof(prob)
+
+    def run(lo, hi):
+        need = int(eng.lib.cg_corr_scratch(pp, lo, hi))
+        buf = scratch("native-pack", (max(need, 16),), np.float32, zero=False)
+        eng.lib.cg_corr_run(pp, lo, hi, buf.ctypes.data)
+    _pool.run_ranges(run, len(items), threads)
+    del prob, items_a, ph
+
+
+def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry) -> np.ndarray:
+    """Forward convolution: x (N, *L, C), w (*K, C/G, O) -> y (N, *M, O) float32."""
+    eng = engine()
+    G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
+    y = _alloc_like(x, geom.n, geom.out_sizes, geom.o)
+    if y.size == 0:
+        return y
+    if x.size == 0 or w.size == 0:
+        y[...] = 0
+        return y
+    threads = _threads(geom.flops)
+    nv = _nv_for(og, eng.vl)
+    w3 = _weights_2d(w)
+    es = w3.itemsize
+    panels = _pack(eng, w3, cg, og, w3.strides[1] // es, w3.strides[2] // es,
+                   og * (w3.strides[2] // es), G, nv, threads)
+    k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
+                      _pad3(geom.pads_begin, 0))
+    taps = []
+    for t, (kd, kh, kw) in enumerate(np.ndindex(*k3)):
+        taps.append((kd * d3[0] - p3[0], kh * d3[1] - p3[1], kw * d3[2] - p3[2], t))
+    m3 = _pad3(geom.out_sizes, 1)
+    phases = [(0, 0, 0, *m3, 0, len(taps))]
+    _corr(eng, x, y, n=geom.n, lin=geom.in_sizes, cin=geom.c, cout=geom.o, groups=G,
+          istep=s3, ostep=(1, 1, 1), phases=phases, taps=_i64(taps), panels=panels,
+          ntap_w=len(taps), nv=nv, flops=geom.flops)
+    return y
+
+
+def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
+    """Data gradient: w (*K, C/G, O), dy (N, *M, O) -> dx (N, *L, C) float32, one stride
+    phase at a time: dx[q*s + r] = sum over taps with (r + pb - t*d) % s == 0 of
+    dy[q + (r + pb - t*d) / s] . w[t]^T."""
+    eng = engine()
+    G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
+    dx = _alloc_like(dy, geom.n, geom.in_sizes, geom.c)
+    if dx.size == 0:
+        return dx
+    if dy.size == 0 or w.size == 0:
+        dx[...] = 0
+        return dx
+    threads = _threads(geom.flops)
+    nv = _nv_for(cg, eng.vl)
+    w3 = _weights_2d(w)
+    es = w3.itemsize
+    # panel rows: dy channels o of the group; columns: dx channels c of the group
+    panels = _pack(eng, w3, og, cg, w3.strides[2] // es, w3.strides[1] // es,
+                   og * (w3.strides[2] // es), G, nv, threads)
+    k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
+                      _pad3(geom.pads_begin, 0))
+    l3 = _pad3(geom.in_sizes, 1)
+    taps, phases = [], []
+    for r in np.ndindex(*s3):
+        counts = [-(-(L - ri) // s) if ri < L else 0 for L, ri, s in zip(l3, r, s3)]
+        begin = len(taps)
+        for t, k in enumerate(np.ndindex(*k3)):
+            num = [ri + p - ki * d for ri, p, ki, d in zip(r, p3, k, d3)]
+            if all(v % s == 0 for v, s in zip(num, s3)):
+                taps.append((*(v // s for v, s in zip(num, s3)), t))
+        if all(counts):
+            phases.append((*r, *counts, begin, len(taps)))
+    _corr(eng, dy, dx, n=geom.n, lin=geom.out_sizes, cin=geom.o, cout=geom.c, groups=G,
+          istep=(1, 1, 1), ostep=s3, phases=phases, taps=_i64(taps or [(0, 0, 0, 0)]),
+          panels=panels, ntap_w=math.prod(geom.kernel), nv=nv, flops=geom.flops)
+    return dx
+
+
+def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
+    """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32."""
+    eng = engine()
+    G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
+    dw = np.zeros((*geom.kernel, cg, geom.o), np.float32)
+    if dw.size == 0 or x.size == 0 or dy.size == 0:
+        return dw
+    threads = _threads(geom.flops)
+    nv = _nv_for(og, eng.vl)
+    nb, mr = nv * eng.vl, eng.wgrad_mr[nv]
+    k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
+                      _pad3(geom.pads_begin, 0))
+    l3, m3 = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)
+    # positions per packed chunk: its panels (x rows, dy rows twice) stay in L2
+    per_position = 4 * G * (-(-cg // mr) * mr + 2 * -(-og // nb) * nb)
+    chunk = max(WGRAD_MIN_CHUNK, min(WGRAD_MAX_CHUNK, WGRAD_PANEL_BYTES // per_position))
+    # work items: bands of h lines holding about one chunk or more
+    band = max(1, min(m3[1], -(-chunk // max(1, m3[2]))))
+    items = [(b, ud, h0, min(m3[1], h0 + band)) for b in range(geom.n) for ud in range(m3[0])
+             for h0 in range(0, m3[1], band)]
+    items_a = _i64(items)
+    prob = _Wgrad(_tensor(x), _tensor(dy), geom.n, (_I64 * 3)(*l3), geom.c, (_I64 * 3)(*m3),
+                  geom.o, G, (_I64 * 3)(*k3), (_I64 * 3)(*s3), (_I64 * 3)(*d3), (_I64 * 3)(*p3),
+                  nv, chunk, WGRAD_LINE_MIN, int(WGRAD_DIRECT_X), items_a.ctypes.data)
+    pp = ctypes.addressof(prob)
+    nob = -(-og // (nv * eng.vl))
+    nblocks = G * nob
+
+    def task(lo, hi, oblo, obhi, out):
+        def run():
+            need = int(eng.lib.cg_wgrad_scratch(pp))
+            buf = scratch("native-pack", (max(need, 16),), np.float32, zero=False)
+            eng.lib.cg_wgrad_run(pp, lo, hi, oblo, obhi, out.ctypes.data, buf.ctypes.data)
+        return run
+
+    # The split depends on the problem only, never on the thread count, so the
+    # result is bitwise the same for any number of threads.
+    if dw.nbytes > DW_SPLIT_BYTES and nblocks >= 4:
+        # split the output channels: every block sums all positions in order
+        _pool.run_tasks([task(0, len(items), lo, hi, dw)
+                         for lo, hi in _pool.split(nblocks, 8)], threads)
+    else:
+        # split the positions into a fixed number of chunks, one partial each, summed
+        # in chunk order
+        chunks = max(1, min(len(items), WGRAD_CHUNKS, PARTIALS_BYTES // dw.nbytes))
+        if chunks == 1:
+            task(0, len(items), 0, nblocks, dw)()
+        else:
+            parts = scratch("native-partials", (chunks, dw.size), np.float32, zero=True)
+            _pool.run_tasks([task(lo, hi, 0, nblocks, parts[i])
+                             for i, (lo, hi) in enumerate(_pool.split(len(items), chunks))],
+                            threads)
+            np.add.reduce(parts, axis=0, out=dw.reshape(-1))
+    del prob, items_a
+    return dw
