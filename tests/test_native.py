@@ -144,7 +144,7 @@ def test_weight_gradient_modes_agree(name, rng, monkeypatch):
                                     (True, 1, True), (False, 1, True)):
         monkeypatch.setattr(native, "WGRAD_DIRECT_X", direct)
         monkeypatch.setattr(native, "WGRAD_LINE_MIN", line_min)
-        monkeypatch.setattr(native, "DW_SPLIT_BYTES", 0 if split else 2**40)
+        monkeypatch.setattr(native, "PARTIALS_BYTES", 0 if split else 2**40)
         monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
         check(case, rng, threads=2)
 

@@ -61,11 +61,17 @@ except ImportError:                                       # pragma: no cover
 
 # Below this many FLOPs one thread is faster than waking the others.
 SERIAL_FLOPS = 2**21
-# Per-thread scratch for converted input lines, per work item.
+# corr: per-thread scratch for an item's converted input lines; the input rows
+# an item reads (kept in cache while the item's weight blocks sweep them); the
+# weight panels an item sweeps at once (kept in L2).
 PACK_BYTES = 1 * 2**20
-# wgrad: the packed panels of one chunk of positions (x rows, dy rows) stay in L2;
-# a chunk has at least / at most this many positions.
-WGRAD_PANEL_BYTES = 256 * 2**10
+CORR_ITEM_BYTES = 512 * 2**10
+CORR_WEIGHT_BYTES = 256 * 2**10
+CORR_L1_WEIGHT_BYTES = 0        # (measured no gain yet; see docs/kernels.md)
+# wgrad: the packed panels of one chunk of positions (x rows, dy rows; swept in
+# L2-sized blocks) take about this much; a chunk has at least / at most this
+# many positions.
+WGRAD_PANEL_BYTES = 1 * 2**20
 WGRAD_MIN_CHUNK = 32
 WGRAD_MAX_CHUNK = 512
 # wgrad: output lines at least this long are chunked along w alone (x rows packed
@@ -73,11 +79,10 @@ WGRAD_MAX_CHUNK = 512
 WGRAD_LINE_MIN = 24
 # wgrad: read float32 channels-last x rows in place (False: pack them too; tests)
 WGRAD_DIRECT_X = True
-# wgrad: per-chunk partial weight gradients, at most this many and this many bytes;
-# weight gradients larger than DW_SPLIT_BYTES split the output channels instead.
+# wgrad: positions are cut into this many chunks with partial weight gradients
+# if they take at most PARTIALS_BYTES, else the output channels are split.
 WGRAD_CHUNKS = 8
-PARTIALS_BYTES = 16 * 2**20
-DW_SPLIT_BYTES = 2 * 2**20
+PARTIALS_BYTES = 8 * 2**20
 
 
 class _Tensor(ctypes.Structure):
@@ -96,7 +101,7 @@ class _Corr(ctypes.Structure):
                 ("groups", _I64), ("is_", _I64 * 3), ("os", _I64 * 3),
                 ("phases", ctypes.c_void_p), ("taps", ctypes.c_void_p),
                 ("wpk", ctypes.c_void_p), ("ntap_w", _I64), ("nv", _I64), ("r", _I64),
-                ("items", ctypes.c_void_p)]
+                ("ob_group", _I64), ("items", ctypes.c_void_p)]
 
 
 class _Wgrad(ctypes.Structure):
@@ -122,10 +127,12 @@ class Engine:
                 ("cg_wgrad_mr", i64, [i64]),
                 ("cg_corr_scratch", i64, [vp, i64, i64]),
                 ("cg_corr_run", None, [vp, i64, i64, vp]),
-                ("cg_wgrad_scratch", i64, [vp]),
+                ("cg_wgrad_scratch", i64, [vp, i64, i64]),
                 ("cg_wgrad_run", None, [vp, i64, i64, i64, i64, vp, vp]),
                 ("cg_pack_panels", None, [vp, i64, i64, i64, i64, i64, i64, i64, i64, i64, vp,
-                                          i64, i64])):
+                                          i64, i64]),
+                ("cg_fma_loop", ctypes.c_float, [i64]),
+                ("cg_fma_loop_flops", i64, [])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         built = lib.cg_isa().decode()
@@ -239,6 +246,28 @@ def engine() -> Engine:
 
 # -- the registry's interface -------------------------------------------------------------
 
+def fma_peak(threads: int | None = None, seconds: float = 0.2, repeat: int = 5) -> dict:
+    """The FMA peak of this machine as the engine's build sees it: every thread
+    runs a loop of independent vector multiply-adds at once; the median GFLOP/s of
+    ``repeat`` runs of about ``seconds`` each."""
+    import statistics
+    import time
+    eng = engine()
+    threads = threads or settings.threads() or cpu_count()
+    per_iter = int(eng.lib.cg_fma_loop_flops())
+    iters = 1 << 16
+    t0 = time.perf_counter()
+    eng.lib.cg_fma_loop(iters)
+    iters = max(iters, int(iters * seconds / max(time.perf_counter() - t0, 1e-6)))
+    rates = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        _pool.run_tasks([lambda: eng.lib.cg_fma_loop(iters)] * threads, threads)
+        rates.append(threads * iters * per_iter / (time.perf_counter() - t0) / 1e9)
+    return {"gflops": statistics.median(rates), "threads": threads, "isa": eng.isa,
+            "runs": rates}
+
+
 def supports(geom: ConvGeometry, dtype) -> str | None:
     why = available()
     if why is not None:
@@ -329,28 +358,30 @@ def _corr(eng: Engine, inp: np.ndarray, out: np.ndarray, *, n, lin, cin, cout, g
     """Run the corr kernel over every work item (see engine.cpp)."""
     threads = _threads(flops)
     lin3 = _pad3(lin, 1)
-    # work items: (n, phase, ud, uh0, uh1) with bands of h lines
+    # work items: ranges of output lines of one phase (lines numbered over n, d, h)
     ph = np.asarray(phases, np.int64).reshape(-1, 8)
-    lines = sum(int(p[3] * p[4]) for p in ph) * n
+    total = sum(int(p[3] * p[4]) for p in ph) * n
     packed = not (inp.dtype == np.float32 and inp.strides[-1] == inp.itemsize)
-    band_count = max(1, lines // max(1, 8 * threads))
+    nb = nv * eng.vl
+    panel_bytes = ntap_w * (cin // groups) * nb * 4
+    # weight blocks small enough for L1 are swept one at a time (each stays in L1
+    # while the item's pixels pass), larger ones a few at a time (in L2)
+    ob_group = 1 if panel_bytes <= CORR_L1_WEIGHT_BYTES else max(
+        1, min(-(-(cout // groups) // nb), CORR_WEIGHT_BYTES // panel_bytes))
+    line_bytes = lin3[2] * cin * 4
+    t4 = taps.reshape(-1, 4)
     items = []
     for k, p in enumerate(ph):
-        ud_n, uh_n = int(p[3]), int(p[4])
-        band = band_count
-        if packed:
-            # the converted lines of an item: (d rows) x (h rows) lines of W x C floats
-            t = taps.reshape(-1, 4)[p[6]:p[7]]
-            rows_d = len(set(t[:, 0].tolist())) or 1
-            rows_h = len(set(t[:, 1].tolist())) or 1
-            line_bytes = lin3[2] * cin * 4
-            for band in range(band_count, 0, -1):
-                if rows_d * min(rows_h * band, band * istep[1] + rows_h) * line_bytes \
-                        <= PACK_BYTES:
-                    break
-        band = max(1, min(band, uh_n))
-        items += [(b, k, ud, h0, min(uh_n, h0 + band)) for b in range(n) for ud in range(ud_n)
-                  for h0 in range(0, uh_n, band)]
+        lines = n * int(p[3] * p[4])
+        rows_h = len(set(t4[p[6]:p[7], 1].tolist())) or 1
+        rows_d = len(set(t4[p[6]:p[7], 0].tolist())) or 1
+        # several items per thread; an item's input rows stay in cache (and, when
+        # they are converted, in the per-thread scratch)
+        band = max(1, total // (4 * threads))
+        budget = PACK_BYTES if packed else CORR_ITEM_BYTES
+        while band > 1 and rows_d * (band * istep[1] + rows_h) * line_bytes > budget:
+            band = max(1, band // 2)
+        items += [(k, lo, min(lines, lo + band)) for lo in range(0, lines, band)]
     if not items:
         return
     items_a = _i64(items)
@@ -360,7 +391,8 @@ def _corr(eng: Engine, inp: np.ndarray, out: np.ndarray, *, n, lin, cin, cout, g
     rmax = eng.corr_rmax[nv]
     prob = _Corr(_tensor(inp), out.ctypes.data, (_I64 * 5)(*ostr5), n, (_I64 * 3)(*lin3), cin,
                  cout, groups, (_I64 * 3)(*istep), (_I64 * 3)(*ostep), ph.ctypes.data,
-                 taps.ctypes.data, panels.ctypes.data, ntap_w, nv, rmax, items_a.ctypes.data)
+                 taps.ctypes.data, panels.ctypes.data, ntap_w, nv, rmax, ob_group,
+                 items_a.ctypes.data)
     pp = ctypes.addressof(prob)
 
     def run(lo, hi):
@@ -451,38 +483,41 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
                       _pad3(geom.pads_begin, 0))
     l3, m3 = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)
-    # positions per packed chunk: its panels (x rows, dy rows twice) stay in L2
-    per_position = 4 * G * (-(-cg // mr) * mr + 2 * -(-og // nb) * nb)
+    # positions per packed chunk: its panels (x rows and dy rows of the chunk)
+    per_position = 4 * G * (-(-cg // mr) * mr + -(-og // nb) * nb)
     chunk = max(WGRAD_MIN_CHUNK, min(WGRAD_MAX_CHUNK, WGRAD_PANEL_BYTES // per_position))
-    # work items: bands of h lines holding about one chunk or more
-    band = max(1, min(m3[1], -(-chunk // max(1, m3[2]))))
-    items = [(b, ud, h0, min(m3[1], h0 + band)) for b in range(geom.n) for ud in range(m3[0])
-             for h0 in range(0, m3[1], band)]
+    # Results do not depend on the thread count: either every output block sums
+    # all positions in order (split over the output channels), or the positions
+    # are cut into WGRAD_CHUNKS chunks, one partial gradient each, summed in chunk
+    # order.  Work items are ranges of output lines (numbered over n, d, h), a
+    # chunk of positions or more each (and enough for the chunks to split them).
+    lines = geom.n * m3[0] * m3[1]
+    nob = -(-og // nb)
+    nblocks = G * nob
+    chunks = max(1, min(lines, WGRAD_CHUNKS))
+    split_outputs = dw.nbytes * chunks > PARTIALS_BYTES and nblocks >= 2
+    band = max(1, -(-chunk // max(1, m3[2])))
+    if not split_outputs:
+        band = max(1, min(band, lines // chunks))
+    items = [(lo, min(lines, lo + band)) for lo in range(0, lines, band)]
     items_a = _i64(items)
     prob = _Wgrad(_tensor(x), _tensor(dy), geom.n, (_I64 * 3)(*l3), geom.c, (_I64 * 3)(*m3),
                   geom.o, G, (_I64 * 3)(*k3), (_I64 * 3)(*s3), (_I64 * 3)(*d3), (_I64 * 3)(*p3),
                   nv, chunk, WGRAD_LINE_MIN, int(WGRAD_DIRECT_X), items_a.ctypes.data)
     pp = ctypes.addressof(prob)
-    nob = -(-og // (nv * eng.vl))
-    nblocks = G * nob
 
     def task(lo, hi, oblo, obhi, out):
         def run():
-            need = int(eng.lib.cg_wgrad_scratch(pp))
+            need = int(eng.lib.cg_wgrad_scratch(pp, lo, hi))
             buf = scratch("native-pack", (max(need, 16),), np.float32, zero=False)
             eng.lib.cg_wgrad_run(pp, lo, hi, oblo, obhi, out.ctypes.data, buf.ctypes.data)
         return run
 
-    # The split depends on the problem only, never on the thread count, so the
-    # result is bitwise the same for any number of threads.
-    if dw.nbytes > DW_SPLIT_BYTES and nblocks >= 4:
-        # split the output channels: every block sums all positions in order
+    if split_outputs:
         _pool.run_tasks([task(0, len(items), lo, hi, dw)
-                         for lo, hi in _pool.split(nblocks, 8)], threads)
+                         for lo, hi in _pool.split(nblocks, threads)], threads)
     else:
-        # split the positions into a fixed number of chunks, one partial each, summed
-        # in chunk order
-        chunks = max(1, min(len(items), WGRAD_CHUNKS, PARTIALS_BYTES // dw.nbytes))
+        chunks = min(chunks, len(items))
         if chunks == 1:
             task(0, len(items), 0, nblocks, dw)()
         else:

@@ -116,13 +116,13 @@ constexpr int corr_blocks(int r, int nv) {
     return b < 1 ? 1 : (b > BMAX ? BMAX : b);
 }
 
-// out[i, b*NB + j] = sum_t sum_c x_t[i*xstep + c] * w_t[b][c*NB + j] for R
-// pixels i, B blocks b: wp[t] is block 0's panel, the next blocks follow at
-// wstride floats.
+// out_i[b*NB + j] = sum_t sum_c x_{t,i}[c] * w_t[b][c*NB + j] for R pixels i and
+// B blocks b: xp[t*R + i] is pixel i's input row for tap t (channel 0 of its
+// group), wp[t] block 0's weight panel, the next blocks wstride floats apart.
+// Pixels of one tile may come from different lines (they share their taps).
 template <int R, int NV, int B>
 void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t wstride,
-               int64_t cin, int64_t xstep, float* out, int64_t opix, int64_t ochan,
-               int nvalid) {
+               int64_t cin, float* const* out, int64_t ochan, int nvalid) {
     constexpr int NB = NV * VL;
     vf acc[R][B][NV];
 #pragma GCC unroll 64
@@ -132,7 +132,9 @@ void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t
 #pragma GCC unroll 8
             for (int v = 0; v < NV; v++) acc[i][b][v] = zero();
     for (int t = 0; t < ntap; t++) {
-        const float* x = xp[t];
+        const float* x[R];
+#pragma GCC unroll 64
+        for (int i = 0; i < R; i++) x[i] = xp[t * R + i];
         const float* w = wp[t];
         for (int64_t c = 0; c < cin; c++) {
             vf wv[B][NV];
@@ -142,7 +144,7 @@ void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t
                 for (int v = 0; v < NV; v++) wv[b][v] = load(w + b * wstride + c * NB + v * VL);
 #pragma GCC unroll 64
             for (int i = 0; i < R; i++) {
-                vf s = bcast(x[i * xstep + c]);
+                vf s = bcast(x[i][c]);
 #pragma GCC unroll 8
                 for (int b = 0; b < B; b++)
 #pragma GCC unroll 8
@@ -157,24 +159,24 @@ void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t
 #pragma GCC unroll 8
             for (int b = 0; b < B; b++)
 #pragma GCC unroll 8
-                for (int v = 0; v < NV; v++) store(out + i * opix + b * NB + v * VL, acc[i][b][v]);
+                for (int v = 0; v < NV; v++) store(out[i] + b * NB + v * VL, acc[i][b][v]);
     } else if (ochan == 1) {
         for (int i = 0; i < R; i++)
             for (int b = 0; b < B; b++)
                 for (int v = 0; v < NV; v++) {
                     int n = nvalid - b * NB - v * VL;
-                    if (n >= VL) store(out + i * opix + b * NB + v * VL, acc[i][b][v]);
-                    else if (n > 0) store_n(out + i * opix + b * NB + v * VL, acc[i][b][v], n);
+                    if (n >= VL) store(out[i] + b * NB + v * VL, acc[i][b][v]);
+                    else if (n > 0) store_n(out[i] + b * NB + v * VL, acc[i][b][v], n);
                 }
     } else {
         for (int i = 0; i < R; i++)
             for (int j = 0; j < nvalid; j++)
-                out[i * opix + j * ochan] = acc[i][j / NB][(j % NB) / VL][j % VL];
+                out[i][j * ochan] = acc[i][j / NB][(j % NB) / VL][j % VL];
     }
 }
 
 typedef void (*corr_fn)(int, const float* const*, const float* const*, int64_t, int64_t,
-                        int64_t, float*, int64_t, int64_t, int);
+                        float* const*, int64_t, int);
 
 // fns[(R - 1) * BMAX + (B - 1)] for B <= corr_blocks(R, NV), else null
 template <int NV, int K>
@@ -223,7 +225,9 @@ struct CorrProblem {
     int64_t ntap_w;            // weight taps
     int64_t nv;                // NB = nv * VL output channels per block
     int64_t r;                 // pixels per tile (<= CORR_RMAX[nv])
-    const int64_t* items;      // per item: n, phase, ud, uh0, uh1
+    int64_t ob_group;          // output blocks whose weight panels an item sweeps at once
+    const int64_t* items;      // per item: phase, first line, end line (lines of the
+                               // phase numbered (n * Ud + ud) * Uh + uh)
 };
 
 const char* cg_isa(void) { return CG_ISA_NAME; }
@@ -239,43 +243,66 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch);
 
 namespace {
 
-struct TapSpan {
-    int64_t u0, u1;
-    const float* line;   // input line (pixel 0, channel 0)
-    int64_t off_w;
-    int64_t widx;
+// One output line of an item: where it is, and per tap of its phase the input
+// line (null when the tap reads only padding there) and the w range it reads.
+struct LineTaps {
+    int64_t n, ud, uh;
+    float* out;                  // output pixel u = 0 of the line
 };
 
-// The input lines an item reads along d and h (inside the input), sorted.
-void item_lines(const CorrProblem* P, const int64_t* item, std::vector<int64_t>& ds,
-                std::vector<int64_t>& hs) {
-    const int64_t* ph = P->phases + 8 * item[1];
-    ds.clear();
-    hs.clear();
-    for (int64_t k = ph[6]; k < ph[7]; k++) {
-        const int64_t* tp = P->taps + 4 * k;
-        const int64_t d = item[2] * P->is[0] + tp[0];
-        if (d >= 0 && d < P->Lin[0]) ds.push_back(d);
-        for (int64_t uh = item[3]; uh < item[4]; uh++) {
-            const int64_t h = uh * P->is[1] + tp[1];
-            if (h >= 0 && h < P->Lin[1]) hs.push_back(h);
+inline void decode_line(const int64_t* ph, int64_t l, int64_t& n, int64_t& ud, int64_t& uh) {
+    const int64_t Ud = ph[3], Uh = ph[4];
+    n = l / (Ud * Uh);
+    ud = (l / Uh) % Ud;
+    uh = l % Uh;
+}
+
+// Keys (n * Lin0 + d) * Lin1 + h of the input lines the item reads, sorted.
+void item_line_keys(const CorrProblem* P, const int64_t* item, std::vector<int64_t>& keys) {
+    const int64_t* ph = P->phases + 8 * item[0];
+    keys.clear();
+    for (int64_t l = item[1]; l < item[2]; l++) {
+        int64_t n, ud, uh;
+        decode_line(ph, l, n, ud, uh);
+        for (int64_t k = ph[6]; k < ph[7]; k++) {
+            const int64_t* tp = P->taps + 4 * k;
+            const int64_t d = ud * P->is[0] + tp[0], h = uh * P->is[1] + tp[1];
+            if (d >= 0 && d < P->Lin[0] && h >= 0 && h < P->Lin[1])
+                keys.push_back((n * P->Lin[0] + d) * P->Lin[1] + h);
         }
     }
-    std::sort(ds.begin(), ds.end());
-    ds.erase(std::unique(ds.begin(), ds.end()), ds.end());
-    std::sort(hs.begin(), hs.end());
-    hs.erase(std::unique(hs.begin(), hs.end()), hs.end());
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
 }
+
+// Convert the keyed lines (all W pixels, all C channels) to dst, float32 [key][w][c].
+void pack_keyed_lines(float* dst, const Tensor& t, const std::vector<int64_t>& keys,
+                      int64_t L0, int64_t L1, int64_t W, int64_t C) {
+    std::vector<int64_t> d1(1), h1(1);
+    for (size_t i = 0; i < keys.size(); i++) {
+        const int64_t k = keys[i], n = k / (L0 * L1);
+        d1[0] = (k / L1) % L0;
+        h1[0] = k % L1;
+        pack_lines(dst + i * W * C, t, n, d1, h1, W, C);
+    }
+}
+
+// A set of output pixels sharing their valid taps, in item order.
+struct PixelClass {
+    std::vector<int64_t> taps;       // tap entries of the phase
+    std::vector<int32_t> line;       // per pixel: index into the item's lines
+    std::vector<int64_t> u;          // per pixel: position on its line
+};
 
 }  // namespace
 
 int64_t cg_corr_scratch(const CorrProblem* P, int64_t lo, int64_t hi) {
     if (direct_f32(P->in)) return 0;
     int64_t most = 0;
-    std::vector<int64_t> ds, hs;
+    std::vector<int64_t> keys;
     for (int64_t it = lo; it < hi; it++) {
-        item_lines(P, P->items + 5 * it, ds, hs);
-        most = std::max(most, (int64_t)(ds.size() * hs.size()) * P->Lin[2] * P->Cin);
+        item_line_keys(P, P->items + 3 * it, keys);
+        most = std::max(most, (int64_t)keys.size() * P->Lin[2] * P->Cin);
     }
     return most;
 }
@@ -289,90 +316,141 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
     const bool packed = !direct_f32(P->in);
     const int64_t W = P->Lin[2];
     const int64_t panel = P->ntap_w * cin_g * NB;       // one (g, ob) weight panel
+    const int64_t bg = std::max<int64_t>(1, P->ob_group);
     const int64_t* os = P->os;
+    const int64_t xpix = packed ? P->Cin : P->in.stride[3];
+    const int64_t ochan = P->ostride[4];
 
-    const int64_t ntap = P->ntap_w;
-    std::vector<TapSpan> spans(ntap);
-    std::vector<const float*> xp(ntap), wp(ntap), xq(ntap), wq(ntap);
-    std::vector<int64_t> bps(2 * ntap + 2);
-    std::vector<int64_t> ds, hs;
+    std::vector<int64_t> keys;
+    std::vector<LineTaps> lines;
+    std::vector<const float*> lptr;              // [line][tap]: input line or null
+    std::vector<int64_t> u0s, u1s;               // [line][tap]: w range
+    std::vector<PixelClass> classes;
+    std::vector<int64_t> bps, valid;
+    std::vector<const float*> xt, wt;
+    float* optr[64];
 
     for (int64_t it = lo; it < hi; it++) {
-        const int64_t* item = P->items + 5 * it;
-        const int64_t n = item[0], ud = item[2];
-        const int64_t* ph = P->phases + 8 * item[1];
+        const int64_t* item = P->items + 3 * it;
+        const int64_t* ph = P->phases + 8 * item[0];
         const int64_t ord = ph[0], orh = ph[1], orw = ph[2];
         const int64_t Uw = ph[5];
-        const int64_t tb = ph[6], te = ph[7];
+        const int64_t tb = ph[6], te = ph[7], nt = te - tb;
         if (packed) {
-            item_lines(P, item, ds, hs);
-            pack_lines(scratch, P->in, n, ds, hs, W, P->Cin);
+            item_line_keys(P, item, keys);
+            pack_keyed_lines(scratch, P->in, keys, P->Lin[0], P->Lin[1], W, P->Cin);
         }
-        const int64_t xpix = packed ? P->Cin : P->in.stride[3];
-        const int64_t xstep = xpix * P->is[2];
-        for (int64_t uh = item[3]; uh < item[4]; uh++) {
-            float* oline = P->out + n * P->ostride[0] + (ud * os[0] + ord) * P->ostride[1] +
-                           (uh * os[1] + orh) * P->ostride[2] + orw * P->ostride[3];
-            const int64_t opix = os[2] * P->ostride[3];
-            // taps valid on this line, with their w ranges
-            int ns = 0;
-            for (int64_t k = tb; k < te; k++) {
-                const int64_t* tp = P->taps + 4 * k;
-                int64_t dd = ud * P->is[0] + tp[0], hh = uh * P->is[1] + tp[1];
+        // per line: the taps' input lines and w ranges; pixels grouped by valid taps
+        const int64_t nl = item[2] - item[1];
+        lines.resize(nl);
+        lptr.assign(nl * nt, nullptr);
+        u0s.assign(nl * nt, 0);
+        u1s.assign(nl * nt, 0);
+        for (auto& c : classes) {
+            c.line.clear();
+            c.u.clear();
+        }
+        size_t ncls = 0;
+        for (int64_t li = 0; li < nl; li++) {
+            int64_t n, ud, uh;
+            decode_line(ph, item[1] + li, n, ud, uh);
+            LineTaps& L = lines[li];
+            L.n = n, L.ud = ud, L.uh = uh;
+            L.out = P->out + n * P->ostride[0] + (ud * os[0] + ord) * P->ostride[1] +
+                    (uh * os[1] + orh) * P->ostride[2] + orw * P->ostride[3];
+            bps.assign({0, Uw});
+            for (int64_t k = 0; k < nt; k++) {
+                const int64_t* tp = P->taps + 4 * (tb + k);
+                const int64_t dd = ud * P->is[0] + tp[0], hh = uh * P->is[1] + tp[1];
                 if (dd < 0 || dd >= P->Lin[0] || hh < 0 || hh >= P->Lin[1]) continue;
-                TapSpan s;
-                valid_range(Uw, P->is[2], tp[2], W, s.u0, s.u1);
-                if (s.u1 <= s.u0) continue;
-                s.line = packed ? scratch + (index_of(ds, dd) * (int64_t)hs.size() +
-                                             index_of(hs, hh)) * W * P->Cin
-                                : (const float*)at(P->in, n, dd, hh, 0, 0);
-                s.off_w = tp[2];
-                s.widx = tp[3];
-                spans[ns++] = s;
+                int64_t a, b;
+                valid_range(Uw, P->is[2], tp[2], W, a, b);
+                if (b <= a) continue;
+                const float* line;
+                if (packed) {
+                    const int64_t key = (n * P->Lin[0] + dd) * P->Lin[1] + hh;
+                    line = scratch + (std::lower_bound(keys.begin(), keys.end(), key) -
+                                      keys.begin()) * W * P->Cin;
+                } else {
+                    line = (const float*)at(P->in, n, dd, hh, 0, 0);
+                }
+                lptr[li * nt + k] = line;
+                u0s[li * nt + k] = a;
+                u1s[li * nt + k] = b;
+                bps.push_back(a);
+                bps.push_back(b);
             }
-            // segment breakpoints
-            int nb = 0;
-            bps[nb++] = 0;
-            bps[nb++] = Uw;
-            for (int s = 0; s < ns; s++) {
-                bps[nb++] = spans[s].u0;
-                bps[nb++] = spans[s].u1;
+            std::sort(bps.begin(), bps.end());
+            bps.erase(std::unique(bps.begin(), bps.end()), bps.end());
+            for (size_t s = 0; s + 1 < bps.size(); s++) {
+                const int64_t a = bps[s], e = bps[s + 1];
+                valid.clear();
+                for (int64_t k = 0; k < nt; k++)
+                    if (lptr[li * nt + k] && u0s[li * nt + k] <= a && u1s[li * nt + k] >= e)
+                        valid.push_back(k);
+                size_t c = 0;
+                while (c < ncls && classes[c].taps != valid) c++;
+                if (c == ncls) {
+                    if (ncls == classes.size()) classes.emplace_back();
+                    classes[c].taps = valid;
+                    classes[c].line.clear();
+                    classes[c].u.clear();
+                    ncls++;
+                }
+                for (int64_t u = a; u < e; u++) {
+                    classes[c].line.push_back((int32_t)li);
+                    classes[c].u.push_back(u);
+                }
             }
-            std::sort(bps.begin(), bps.begin() + nb);
-            nb = (int)(std::unique(bps.begin(), bps.begin() + nb) - bps.begin());
-            for (int b = 0; b + 1 < nb; b++) {
-                const int64_t a = bps[b], e = bps[b + 1];
-                if (e <= a) continue;
-                for (int64_t g = 0; g < G; g++) {
-                    int nt = 0;
-                    for (int s = 0; s < ns; s++) {
-                        if (spans[s].u0 <= a && spans[s].u1 >= e) {
-                            xp[nt] = spans[s].line + (a * P->is[2] + spans[s].off_w) * xpix +
-                                     g * cin_g;
-                            wp[nt] = P->wpk + (g * nob * P->ntap_w + spans[s].widx) *
-                                                  cin_g * NB;
-                            nt++;
+        }
+        // every output block of every group, a few blocks' weights at a time
+        for (int64_t g = 0; g < G; g++) {
+            for (int64_t ob0 = 0; ob0 < nob; ob0 += bg) {
+                const int64_t ob1 = std::min(nob, ob0 + bg);
+                for (size_t ci = 0; ci < ncls; ci++) {
+                    const PixelClass& C = classes[ci];
+                    const int64_t npx = (int64_t)C.u.size();
+                    const int ntp = (int)C.taps.size();
+                    if (ntp == 0) {
+                        for (int64_t p = 0; p < npx; p++) {
+                            float* o = lines[C.line[p]].out + C.u[p] * os[2] * P->ostride[3] +
+                                       (g * cout_g + ob0 * NB) * ochan;
+                            const int64_t m = std::min(cout_g, ob1 * NB) - ob0 * NB;
+                            for (int64_t j = 0; j < m; j++) o[j * ochan] = 0.0f;
                         }
-                    }
-                    float* obase = oline + a * opix + g * cout_g * P->ostride[4];
-                    if (nt == 0) {
-                        for (int64_t u = a; u < e; u++)
-                            for (int64_t j = 0; j < cout_g; j++)
-                                obase[(u - a) * opix + j * P->ostride[4]] = 0.0f;
                         continue;
                     }
-                    for (int64_t u = a; u < e; u += rmax) {
-                        const int r = (int)std::min<int64_t>(rmax, e - u);
+                    xt.resize((size_t)ntp * rmax);
+                    wt.resize(ntp);
+                    for (int64_t p = 0; p < npx; p += rmax) {
+                        const int r = (int)std::min<int64_t>(rmax, npx - p);
+                        for (int i = 0; i < r; i++) {
+                            const LineTaps& L = lines[C.line[p + i]];
+                            const int64_t li = C.line[p + i];
+                            const int64_t u = C.u[p + i];
+                            optr[i] = L.out + u * os[2] * P->ostride[3] +
+                                      (g * cout_g) * ochan;
+                            for (int k = 0; k < ntp; k++) {
+                                const int64_t e = C.taps[k];
+                                const int64_t* tp = P->taps + 4 * (tb + e);
+                                xt[(size_t)k * r + i] = lptr[li * nt + e] +
+                                    (u * P->is[2] + tp[2]) * xpix + g * cin_g;
+                            }
+                        }
                         const int bmax = corr_blocks(r, nv);
-                        for (int t = 0; t < nt; t++) xq[t] = xp[t] + (u - a) * xstep;
-                        for (int64_t ob = 0; ob < nob; ob += bmax) {
-                            const int b = (int)std::min<int64_t>(bmax, nob - ob);
+                        for (int64_t ob = ob0; ob < ob1;) {
+                            const int b = (int)std::min<int64_t>(bmax, ob1 - ob);
                             const int nvalid = (int)std::min<int64_t>(b * NB, cout_g - ob * NB);
-                            for (int t = 0; t < nt; t++) wq[t] = wp[t] + ob * panel;
-                            fns[(r - 1) * BMAX + (b - 1)](
-                                nt, xq.data(), wq.data(), panel, cin_g, xstep,
-                                obase + (u - a) * opix + ob * NB * P->ostride[4], opix,
-                                P->ostride[4], nvalid);
+                            for (int k = 0; k < ntp; k++) {
+                                const int64_t* tp = P->taps + 4 * (tb + C.taps[k]);
+                                wt[k] = P->wpk + ((g * nob + ob) * P->ntap_w + tp[3]) * cin_g *
+                                                     NB;
+                            }
+                            float* oo[64];
+                            for (int i = 0; i < r; i++) oo[i] = optr[i] + ob * NB * ochan;
+                            fns[(r - 1) * BMAX + (b - 1)](ntp, xt.data(), wt.data(), panel,
+                                                          cin_g, oo, ochan, nvalid);
+                            ob += b;
                         }
                     }
                 }
@@ -464,82 +542,61 @@ inline const gemm_fn* gemm_table(int nv) {
 // one phase further apart get panels of their own).
 constexpr int64_t XHALO = 64;
 
-// One run of consecutive output positions along w of one line, valid for a tap.
-struct Run {
-    const char* x;      // x at the first position's input pixel, channel 0
-    const char* dy;     // dy at the first position, channel 0
-    int64_t n;          // positions
-};
+// Copy M floats (M a compile-time constant: vector moves).
+template <int M>
+inline void copy_fixed(float* d, const float* s) {
+#pragma GCC unroll 32
+    for (int i = 0; i < M; i++) d[i] = s[i];
+}
 
-// A[g][ct][p][mr] = x[run p][g*cg + ct*mr + i] (0 past cg): the runs' x rows.
-void pack_a(float* A, const std::vector<Run>& runs, int64_t np, const Tensor& x,
-            int64_t xstep, int64_t G, int64_t cg, int mr) {
-    const int64_t nct = (cg + mr - 1) / mr;
-    const int64_t es = itemsize(x.dtype), sc = x.stride[4];
-    float tmp[256];
-    int64_t p0 = 0;
-    for (const Run& r : runs) {
-        for (int64_t g = 0; g < G; g++) {
-            for (int64_t ct = 0; ct < nct; ct++) {
-                float* a = A + ((g * nct + ct) * np + p0) * mr;
-                const int m = (int)std::min<int64_t>(mr, cg - ct * mr);
-                const char* src = r.x + es * (g * cg + ct * mr) * sc;
-                if (sc == 1 || sc <= xstep) {
-                    for (int64_t p = 0; p < r.n; p++) {
-                        convert_run(a + p * mr, src + es * p * xstep, x.dtype, sc, m);
-                        for (int i = m; i < mr; i++) a[p * mr + i] = 0.0f;
-                    }
-                } else {
-                    // channels outermost in memory (NCX): runs along the positions
-                    for (int i = 0; i < mr; i++) {
-                        for (int64_t p0_ = 0; p0_ < r.n; p0_ += 256) {
-                            const int64_t k = std::min<int64_t>(256, r.n - p0_);
-                            if (i < m) {
-                                convert_run(tmp, src + es * (i * sc + p0_ * xstep), x.dtype,
-                                            xstep, k);
-                            } else {
-                                for (int64_t j = 0; j < k; j++) tmp[j] = 0.0f;
-                            }
-                            for (int64_t j = 0; j < k; j++) a[(p0_ + j) * mr + i] = tmp[j];
-                        }
-                    }
-                }
-            }
-        }
-        p0 += r.n;
+typedef void (*copy_fn)(float*, const float*);
+
+inline copy_fn copy_of(int m) {
+    switch (m) {
+        case 3: return &copy_fixed<3>;
+        case 4: return &copy_fixed<4>;
+        case 6: return &copy_fixed<6>;
+        case 8: return &copy_fixed<8>;
+        case 9: return &copy_fixed<9>;
+        case 12: return &copy_fixed<12>;
+        case 14: return &copy_fixed<14>;
+        case 16: return &copy_fixed<16>;
+        case 24: return &copy_fixed<24>;
+        case 32: return &copy_fixed<32>;
+        case 48: return &copy_fixed<48>;
+        case 64: return &copy_fixed<64>;
+        default: return nullptr;
     }
 }
 
-// B[g][ob][p][NB] = dy[run p][g*og + ob*NB + j] (0 past og).
-void pack_b(float* B, const std::vector<Run>& runs, int64_t np, const Tensor& dy,
-            int64_t ystep, int64_t G, int64_t og, int NB) {
-    const int64_t nob = (og + NB - 1) / NB;
-    const int64_t es = itemsize(dy.dtype), sc = dy.stride[4];
-    float tmp[256];
+// One run of consecutive positions: float32 rows with unit channel stride.
+struct Run {
+    const float* x;     // x row of the first position (channel 0), or null
+    const float* dy;    // dy row of the first position (channel 0)
+    int64_t n;          // positions
+};
+
+// panel[g][blk][p][width] = rows[run p][g*per + blk*width + i] for i < width
+// (0 past ``per`` channels of the group); rows ``step`` floats apart.
+void pack_panel(float* out, const std::vector<Run>& runs, bool use_x, int64_t np,
+                int64_t step, int64_t G, int64_t per, int width) {
+    const int64_t nblk = (per + width - 1) / width;
+    const copy_fn full = copy_of(width);
     int64_t p0 = 0;
     for (const Run& r : runs) {
-        for (int64_t g = 0; g < G; g++) {
-            for (int64_t ob = 0; ob < nob; ob++) {
-                float* b = B + ((g * nob + ob) * np + p0) * NB;
-                const int m = (int)std::min<int64_t>(NB, og - ob * NB);
-                const char* src = r.dy + es * (g * og + ob * NB) * sc;
-                if (sc == 1 || sc <= ystep) {
-                    for (int64_t p = 0; p < r.n; p++) {
-                        convert_run(b + p * NB, src + es * p * ystep, dy.dtype, sc, m);
-                        for (int j = m; j < NB; j++) b[p * NB + j] = 0.0f;
-                    }
-                } else {
-                    for (int j = 0; j < NB; j++) {
-                        for (int64_t q = 0; q < r.n; q += 256) {
-                            const int64_t k = std::min<int64_t>(256, r.n - q);
-                            if (j < m) {
-                                convert_run(tmp, src + es * (j * sc + q * ystep), dy.dtype,
-                                            ystep, k);
-                            } else {
-                                for (int64_t i = 0; i < k; i++) tmp[i] = 0.0f;
-                            }
-                            for (int64_t i = 0; i < k; i++) b[(q + i) * NB + j] = tmp[i];
-                        }
+        const float* src = use_x ? r.x : r.dy;
+        for (int64_t p = 0; p < r.n; p++) {
+            const float* row = src + p * step;
+            for (int64_t g = 0; g < G; g++) {
+                for (int64_t b = 0; b < nblk; b++) {
+                    float* o = out + ((g * nblk + b) * np + p0 + p) * width;
+                    const float* s = row + g * per + b * width;
+                    const int64_t m = std::min<int64_t>(width, per - b * width);
+                    if (m == width && full) {
+                        full(o, s);
+                    } else {
+                        for (int64_t i = 0; i < m; i++) o[i] = s[i];
+                        for (int64_t i = m; i < width; i++) o[i] = 0.0f;
                     }
                 }
             }
@@ -561,24 +618,25 @@ struct WgradProblem {
     int64_t chunk;             // positions per packed chunk
     int64_t line_min;          // lines this long are cut into chunks of their own
     int64_t direct_x;          // read float32 x rows in place (else always pack them)
-    const int64_t* items;      // per item: n, ud, uh0, uh1
+    const int64_t* items;      // per item: first and end output line, lines numbered
+                               // (n * Md + ud) * Mh + uh
 };
 
 int64_t cg_wgrad_mr(int64_t nv) { return nv >= 1 && nv <= 4 ? WG_MR[nv] : 0; }
 
-// Floats of per-thread scratch cg_wgrad_run needs.
-int64_t cg_wgrad_scratch(const WgradProblem* P) {
-    const int64_t G = P->groups, cg = P->C / G, og = P->O / G;
-    const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
-    const int64_t apad = G * ((cg + mr - 1) / mr) * mr, bpad = G * ((og + NB - 1) / NB) * NB;
-    return (P->chunk + XHALO) * apad + 2 * P->chunk * bpad;
-}
+int64_t cg_wgrad_scratch(const WgradProblem* P, int64_t lo, int64_t hi);
+
+void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, int64_t obhi,
+                  float* dw, float* scratch);
+
+}  // extern "C"
 
 namespace {
 
 // dw[t][g-block tiles] += A^T B over np positions.  A: the x rows, lda floats
 // apart, tile ct of group g at A + g*ag + ct*act; B panel [g][ob][.][NB] with
-// bstride floats per (g, ob).
+// bstride floats per (g, ob).  Blocks of channel tiles whose A rows fit in L2
+// are swept by every output block in turn (the B rows of one block stay in L1).
 void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t ag, int64_t act,
                 const float* B, int64_t bstride, int64_t np, float* dwt, int64_t oblo,
                 int64_t obhi) {
@@ -586,17 +644,21 @@ void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t ag, 
     const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
     const int64_t nob = (og + NB - 1) / NB, nct = (cg + mr - 1) / mr;
     const gemm_fn* fns = gemm_table(nv);
+    const int64_t block = std::max<int64_t>(1, (96 << 10) / std::max<int64_t>(1, np * mr * 4));
     for (int64_t obg = oblo; obg < obhi;) {
         const int64_t g = obg / nob;
         const int64_t gend = std::min(obhi, (g + 1) * nob);
-        for (int64_t ct = 0; ct < nct; ct++) {
-            const int m = (int)std::min<int64_t>(mr, cg - ct * mr);
-            const float* a = A + g * ag + ct * act;
+        for (int64_t c0 = 0; c0 < nct; c0 += block) {
+            const int64_t c1 = std::min(nct, c0 + block);
             for (int64_t k = obg; k < gend; k++) {
                 const int64_t ob = k % nob;
                 const int nvalid = (int)std::min<int64_t>(NB, og - ob * NB);
-                fns[m - 1](np, a, lda, B + (g * nob + ob) * bstride,
-                           dwt + ct * mr * P->O + g * og + ob * NB, P->O, m, nvalid);
+                const float* b = B + (g * nob + ob) * bstride;
+                for (int64_t ct = c0; ct < c1; ct++) {
+                    const int m = (int)std::min<int64_t>(mr, cg - ct * mr);
+                    fns[m - 1](np, A + g * ag + ct * act, lda, b,
+                               dwt + ct * mr * P->O + g * og + ob * NB, P->O, m, nvalid);
+                }
             }
         }
         obg = gend;
@@ -604,17 +666,63 @@ void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t ag, 
     (void)G;
 }
 
+inline void wgrad_decode(const WgradProblem* P, int64_t l, int64_t& n, int64_t& ud,
+                         int64_t& uh) {
+    n = l / (P->M[0] * P->M[1]);
+    ud = (l / P->M[1]) % P->M[0];
+    uh = l % P->M[1];
+}
+
+// Keys (n * L0 + d) * L1 + h of the x lines the item [l0, l1) reads, sorted.
+void wgrad_x_keys(const WgradProblem* P, int64_t l0, int64_t l1, std::vector<int64_t>& keys) {
+    keys.clear();
+    for (int64_t l = l0; l < l1; l++) {
+        int64_t n, ud, uh;
+        wgrad_decode(P, l, n, ud, uh);
+        for (int64_t kd = 0; kd < P->K[0]; kd++) {
+            const int64_t d = ud * P->s[0] + kd * P->d[0] - P->pb[0];
+            if (d < 0 || d >= P->L[0]) continue;
+            for (int64_t kh = 0; kh < P->K[1]; kh++) {
+                const int64_t h = uh * P->s[1] + kh * P->d[1] - P->pb[1];
+                if (h >= 0 && h < P->L[1]) keys.push_back((n * P->L[0] + d) * P->L[1] + h);
+            }
+        }
+    }
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+}
+
 }  // namespace
+
+int64_t cg_wgrad_scratch(const WgradProblem* P, int64_t lo, int64_t hi) {
+    const int64_t G = P->groups, cg = P->C / G, og = P->O / G;
+    const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
+    const int64_t apad = G * ((cg + mr - 1) / mr) * mr, bpad = G * ((og + NB - 1) / NB) * NB;
+    int64_t lines = 0;
+    std::vector<int64_t> keys;
+    for (int64_t it = lo; it < hi; it++) {
+        const int64_t* item = P->items + 2 * it;
+        int64_t need = 0;
+        if (!direct_f32(P->x) || !P->direct_x) {
+            wgrad_x_keys(P, item[0], item[1], keys);
+            need += (int64_t)keys.size() * P->L[2] * P->C;
+        }
+        if (!direct_f32(P->dy)) need += (item[1] - item[0]) * P->M[2] * P->O;
+        lines = std::max(lines, need);
+    }
+    return lines + (P->chunk + XHALO) * apad + 2 * P->chunk * bpad + 64;
+}
 
 // Accumulate the items [lo, hi) into dw (*K, C/G, O) for the output-channel
 // blocks [oblo, obhi) (numbered over all groups).
 //
 // Lines at least one chunk long are cut into chunks along w: the dy rows of a
-// chunk are packed once; per (kd, kh) and phase of kw (kw*d - pb mod s) the x
-// rows its taps read are packed once, and each tap is one GEMM over the range of
-// positions where it reads the input (an offset into the x panel).  Shorter
-// lines are gathered into chunks of several lines, packed per tap (only the
-// positions where the tap reads the input).
+// chunk are packed once; per (kd, kh) the x rows its taps read are read in
+// place, and each tap is one GEMM over the range of positions where it reads
+// the input (an offset into the x rows).  Shorter lines are gathered into
+// chunks of several lines, x packed per tap (only the positions where the tap
+// reads the input).  Rows that are not float32 with unit channel stride are
+// first converted, one item's lines at a time.
 void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, int64_t obhi,
                   float* dw, float* scratch) {
     const int64_t G = P->groups, cg = P->C / G, og = P->O / G;
@@ -624,35 +732,70 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
     const int64_t Mw = P->M[2], Lw = P->L[2];
     const int64_t sw = P->s[2], dwl = P->d[2], pbw = P->pb[2], Kw = P->K[2];
     const int64_t apad = G * nct * mr, bpad = G * nob * NB;
-    const int64_t xext = pc + XHALO;
-    float* A = scratch;
-    float* Bfull = A + xext * apad;
-    float* Btap = Bfull + pc * bpad;
-    const int64_t xstep = P->x.stride[3] * sw;
-    const int64_t xpix = P->x.stride[3];
-    const int64_t ystep = P->dy.stride[3];
     const int64_t ntap = P->K[0] * P->K[1] * Kw;
     const bool long_lines = Mw >= pc || Mw >= P->line_min;
-    const bool xdirect = direct_f32(P->x) && P->direct_x;
+    const bool xconv = !direct_f32(P->x) || !P->direct_x, yconv = !direct_f32(P->dy);
+    const int64_t xpix = xconv ? P->C : P->x.stride[3];
+    const int64_t ypix = yconv ? P->O : P->dy.stride[3];
+    const int64_t xstep = xpix * sw;
 
     struct Piece {
-        int64_t uh, w0, w1;
+        int64_t l, w0, w1;
     };
-    std::vector<Piece> pieces;
-    std::vector<Run> runs, full_runs;
     struct GroupTap {
         int64_t kw, a, b, q;
     };
+    std::vector<Piece> pieces;
+    std::vector<Run> runs, full_runs;
     std::vector<GroupTap> gtaps(Kw);
+    std::vector<int64_t> keys;
 
     for (int64_t it = lo; it < hi; it++) {
-        const int64_t* item = P->items + 4 * it;
-        const int64_t n = item[0], ud = item[1], uh0 = item[2], uh1 = item[3];
+        const int64_t l0 = P->items[2 * it], l1 = P->items[2 * it + 1];
+        // this item's lines as float32 rows
+        float* free_ = scratch;
+        if (xconv) {
+            wgrad_x_keys(P, l0, l1, keys);
+            pack_keyed_lines(free_, P->x, keys, P->L[0], P->L[1], Lw, P->C);
+        }
+        const float* xbuf = free_;
+        free_ += xconv ? (int64_t)keys.size() * Lw * P->C : 0;
+        const float* ybuf = free_;
+        if (yconv) {
+            for (int64_t l = l0; l < l1; l++) {
+                int64_t n, ud, uh;
+                wgrad_decode(P, l, n, ud, uh);
+                pack_keyed_lines(free_ + (l - l0) * Mw * P->O, P->dy,
+                                 std::vector<int64_t>{(n * P->M[0] + ud) * P->M[1] + uh},
+                                 P->M[0], P->M[1], Mw, P->O);
+            }
+            free_ += (l1 - l0) * Mw * P->O;
+        }
+        float* A = free_;
+        float* Bfull = A + (pc + XHALO) * apad;
+        float* Btap = Bfull + pc * bpad;
+        auto xrow = [&](int64_t n, int64_t dd, int64_t hh, int64_t w) -> const float* {
+            if (!xconv) return (const float*)at(P->x, n, dd, hh, w, 0);
+            const int64_t key = (n * P->L[0] + dd) * P->L[1] + hh;
+            return xbuf + ((std::lower_bound(keys.begin(), keys.end(), key) - keys.begin()) * Lw +
+                           w) * P->C;
+        };
+        auto yrow = [&](int64_t l, int64_t w) -> const float* {
+            if (!yconv) {
+                int64_t n, ud, uh;
+                wgrad_decode(P, l, n, ud, uh);
+                return (const float*)at(P->dy, n, ud, uh, w, 0);
+            }
+            return ybuf + ((l - l0) * Mw + w) * P->O;
+        };
+
         if (long_lines) {
-            for (int64_t uh = uh0; uh < uh1; uh++) {
+            for (int64_t l = l0; l < l1; l++) {
+                int64_t n, ud, uh;
+                wgrad_decode(P, l, n, ud, uh);
                 for (int64_t w0 = 0; w0 < Mw; w0 += pc) {
                     const int64_t w1 = std::min(Mw, w0 + pc), np = w1 - w0;
-                    full_runs.assign(1, Run{nullptr, at(P->dy, n, ud, uh, w0, 0), np});
+                    full_runs.assign(1, Run{nullptr, yrow(l, w0), np});
                     bool packed_b = false;
                     for (int64_t kd = 0; kd < P->K[0]; kd++) {
                         const int64_t dd = ud * P->s[0] + kd * P->d[0] - P->pb[0];
@@ -661,7 +804,7 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
                             const int64_t hh = uh * P->s[1] + kh * P->d[1] - P->pb[1];
                             if (hh < 0 || hh >= P->L[1]) continue;
                             // taps kw in order; x index v*sw + r with v = p + q(kw), r the
-                            // phase; taps of one phase whose x rows overlap share a panel
+                            // phase; taps of one phase whose x rows overlap share rows
                             int64_t gr = -1, vlo = 0, vhi = 0;
                             int ng = 0;
                             for (int64_t kw = 0; kw <= Kw; kw++) {
@@ -678,28 +821,16 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
                                 const bool fits = r == gr &&
                                     std::max(vhi, b + q) - std::min(vlo, a + q) <= pc + XHALO;
                                 if (ng > 0 && !fits) {
-                                    // flush the group: one panel, one GEMM per tap
                                     if (!packed_b) {
-                                        pack_b(Bfull, full_runs, np, P->dy, ystep, G, og, NB);
+                                        pack_panel(Bfull, full_runs, false, np, ypix, G, og, NB);
                                         packed_b = true;
                                     }
-                                    const int64_t nx = vhi - vlo;
-                                    const float* xa;
-                                    int64_t lda, ag, act;
-                                    if (xdirect) {
-                                        xa = (const float*)at(P->x, n, dd, hh, vlo * sw + gr, 0);
-                                        lda = xstep, ag = cg, act = mr;
-                                    } else {
-                                        runs.assign(1, Run{at(P->x, n, dd, hh, vlo * sw + gr, 0),
-                                                           nullptr, nx});
-                                        pack_a(A, runs, nx, P->x, xstep, G, cg, mr);
-                                        xa = A, lda = mr, ag = nct * nx * mr, act = nx * mr;
-                                    }
+                                    const float* xa = xrow(n, dd, hh, vlo * sw + gr);
                                     for (int j = 0; j < ng; j++) {
                                         const GroupTap& gt = gtaps[j];
                                         const int64_t t = (kd * P->K[1] + kh) * Kw + gt.kw;
-                                        wgrad_gemm(P, xa + (gt.a + gt.q - vlo) * lda, lda, ag,
-                                                   act, Bfull + (gt.a - w0) * NB, np * NB,
+                                        wgrad_gemm(P, xa + (gt.a + gt.q - vlo) * xstep, xstep,
+                                                   cg, mr, Bfull + (gt.a - w0) * NB, np * NB,
                                                    gt.b - gt.a, dw + t * cg * P->O, oblo, obhi);
                                     }
                                     ng = 0;
@@ -718,28 +849,26 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
             }
             continue;
         }
-        int64_t uh = uh0, w = 0;
-        while (uh < uh1) {
+        int64_t l = l0, w = 0;
+        while (l < l1) {
             pieces.clear();
             int64_t got = 0;
-            while (uh < uh1 && got < pc) {
+            while (l < l1 && got < pc) {
                 const int64_t take = std::min<int64_t>(Mw - w, pc - got);
-                pieces.push_back(Piece{uh, w, w + take});
+                pieces.push_back(Piece{l, w, w + take});
                 got += take;
                 w += take;
                 if (w == Mw) {
                     w = 0;
-                    uh++;
+                    l++;
                 }
             }
             full_runs.clear();
             for (const Piece& q : pieces)
-                full_runs.push_back(Run{nullptr, at(P->dy, n, ud, q.uh, q.w0, 0), q.w1 - q.w0});
+                full_runs.push_back(Run{nullptr, yrow(q.l, q.w0), q.w1 - q.w0});
             bool full_packed = false;
             for (int64_t t = 0; t < ntap; t++) {
                 const int64_t kd = t / (P->K[1] * Kw), kh = (t / Kw) % P->K[1], kw = t % Kw;
-                const int64_t dd = ud * P->s[0] + kd * P->d[0] - P->pb[0];
-                if (dd < 0 || dd >= P->L[0]) continue;
                 const int64_t offw = kw * dwl - pbw;
                 int64_t u0, u1;
                 valid_range(Mw, sw, offw, Lw, u0, u1);
@@ -747,39 +876,38 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
                 int64_t np = 0;
                 bool all = true;
                 for (const Piece& q : pieces) {
-                    const int64_t hh = q.uh * P->s[1] + kh * P->d[1] - P->pb[1];
+                    int64_t n, ud, uh;
+                    wgrad_decode(P, q.l, n, ud, uh);
+                    const int64_t dd = ud * P->s[0] + kd * P->d[0] - P->pb[0];
+                    const int64_t hh = uh * P->s[1] + kh * P->d[1] - P->pb[1];
                     const int64_t a = std::max(u0, q.w0), b = std::min(u1, q.w1);
-                    if (hh < 0 || hh >= P->L[1] || b <= a) {
+                    if (dd < 0 || dd >= P->L[0] || hh < 0 || hh >= P->L[1] || b <= a) {
                         all = false;
                         continue;
                     }
                     if (a != q.w0 || b != q.w1) all = false;
-                    runs.push_back(Run{at(P->x, n, dd, hh, a * sw + offw, 0),
-                                       at(P->dy, n, ud, q.uh, a, 0), b - a});
+                    runs.push_back(Run{xrow(n, dd, hh, a * sw + offw), yrow(q.l, a), b - a});
                     np += b - a;
                 }
                 if (np == 0) continue;
-                pack_a(A, runs, np, P->x, xstep, G, cg, mr);
+                pack_panel(A, runs, true, np, xstep, G, cg, mr);
                 const float* B;
                 if (all) {
                     if (!full_packed) {
-                        pack_b(Bfull, full_runs, np, P->dy, ystep, G, og, NB);
+                        pack_panel(Bfull, full_runs, false, np, ypix, G, og, NB);
                         full_packed = true;
                     }
                     B = Bfull;
                 } else {
-                    pack_b(Btap, runs, np, P->dy, ystep, G, og, NB);
+                    pack_panel(Btap, runs, false, np, ypix, G, og, NB);
                     B = Btap;
                 }
-                wgrad_gemm(P, A, mr, nct * np * mr, np * mr, B, np * NB, np, dw + t * cg * P->O,
-                           oblo, obhi);
+                wgrad_gemm(P, A, mr, nct * np * mr, np * mr, B, np * NB, np,
+                           dw + t * cg * P->O, oblo, obhi);
             }
         }
     }
-    (void)xpix;
 }
-
-}  // extern "C"
 
 // ---------------------------------------------------------------------------------------
 // Weight panels and CPU features
@@ -808,6 +936,24 @@ void cg_pack_panels(const void* src, int64_t dtype, int64_t T, int64_t A, int64_
         }
     }
 }
+
+// The FMA peak: iters rounds of ACC independent vector multiply-adds (2 * VL
+// flops each), nothing else; returns a value that depends on the result, so the
+// loop cannot be dropped.  Timed from Python on every thread at once.
+float cg_fma_loop(int64_t iters) {
+    vf acc[ACC];
+    for (int i = 0; i < ACC; i++) acc[i] = bcast(0.001f * (float)i);
+    const vf a = bcast(0.999f), b = bcast(0.0001f);
+    for (int64_t k = 0; k < iters; k++) {
+#pragma GCC unroll 32
+        for (int i = 0; i < ACC; i++) acc[i] = acc[i] * a + b;
+    }
+    float s = 0.0f;
+    for (int i = 0; i < ACC; i++) s += acc[i][0];
+    return s;
+}
+
+int64_t cg_fma_loop_flops(void) { return 2 * VL * ACC; }
 
 // Bit mask of what this CPU and OS support: 1 avx2, 2 fma, 4 f16c, 8 avx512f,
 // 16 avx512bw, 32 avx512vl, 64 avx512dq.
