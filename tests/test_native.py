@@ -275,3 +275,44 @@ def test_without_a_loadable_build_import_works_and_falls_back():
     assert "could not be loaded" in warning and "not built" in warning
     assert chosen in ("shifted", "im2col")
     assert float(value) == 72.0
+
+
+# -- the AVX-512 build's logic on any CPU --------------------------------------------------
+#
+# This CPU may lack AVX-512, so the avx512 build cannot run here.  Its source is the
+# same as every other build's except for a few helpers; compiled with 16-float
+# vectors and portable helpers (CG_EMULATE_VL16) it runs anywhere, and checks the
+# AVX-512 build's tile shapes, tails and register blocks.
+
+SOURCE = os.path.join(os.path.dirname(native.__file__), "native", "engine.cpp")
+
+
+@pytest.fixture(scope="module")
+def vl16_engine(tmp_path_factory):
+    import shutil
+    gxx = shutil.which("g++") or shutil.which("c++")
+    if gxx is None or not os.path.exists(SOURCE):
+        if os.environ.get("CONVGRAD_REQUIRE_PEERS") == "1":
+            raise RuntimeError("CI must test the 16-float build: no C++ compiler or source")
+        pytest.skip("no C++ compiler or engine source")
+    out = tmp_path_factory.mktemp("vl16") / "engine_vl16.so"
+    flags = ["-mavx2", "-mfma", "-mf16c"] if "avx2" in native.info()["cpu_features"] else []
+    subprocess.run([gxx, "-std=gnu++17", "-O1", "-ffp-contract=fast", "-fPIC", "-shared",
+                    "-DCG_EMULATE_VL16=1", *flags, "-o", str(out), SOURCE], check=True,
+                   timeout=600)
+    return native.Engine("avx512", str(out), built_as="vl16")
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_16_float_build_logic_matches_the_naive_reference(vl16_engine, seed, rng,
+                                                              monkeypatch):
+    assert vl16_engine.vl == 16 and vl16_engine.corr_rmax[2] == 14
+    monkeypatch.setattr(native, "engine", lambda: vl16_engine)
+    case = random_case(200 + seed, wide=seed % 2 == 0)
+    check(case, rng, channels_last=seed % 3 == 0,
+          dtype=(np.float32, np.float32, np.float16, bfloat16)[seed % 4])
+    if seed < 3:
+        monkeypatch.setattr(native, "WGRAD_MAX_CHUNK", 40)
+        monkeypatch.setattr(native, "WGRAD_MIN_CHUNK", 8)
+        monkeypatch.setattr(native, "WGRAD_PANEL_BYTES", 1)
+        check(list(STRUCTURAL.values())[seed], rng)

@@ -115,7 +115,7 @@ class _Wgrad(ctypes.Structure):
 class Engine:
     """One loaded build of the engine."""
 
-    def __init__(self, isa: str, path: str):
+    def __init__(self, isa: str, path: str, built_as: str | None = None):
         lib = ctypes.CDLL(path)
         self.isa, self.path, self.lib = isa, path, lib
         vp, i64 = ctypes.c_void_p, ctypes.c_int64
@@ -136,7 +136,7 @@ class Engine:
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         built = lib.cg_isa().decode()
-        if built != isa:
+        if built != (built_as or isa):
             raise ImportError(f"{path} is the {built!r} build, not {isa!r}")
         self.vl = int(lib.cg_vector_floats())
         self.corr_rmax = {nv: int(lib.cg_corr_rmax(nv)) for nv in (1, 2, 3, 4)}

@@ -15,7 +15,12 @@
 #include <immintrin.h>
 #endif
 
-#if defined(CG_ISA_AVX512)
+#if defined(CG_EMULATE_VL16)
+// Tests only: the AVX-512 build's 16-float vectors and tile shapes with portable
+// helpers, so the logic of that build is exercised on a CPU without AVX-512.
+#define CG_VL 16
+#define CG_ISA_NAME "vl16"
+#elif defined(CG_ISA_AVX512)
 #define CG_VL 16
 #define CG_ISA_NAME "avx512"
 #elif defined(CG_ISA_AVX2)
@@ -35,7 +40,11 @@ typedef float vfu __attribute__((vector_size(VL * 4), aligned(4), may_alias));
 static inline vf load(const float* p) { return *reinterpret_cast<const vfu*>(p); }
 static inline void store(float* p, vf v) { *reinterpret_cast<vfu*>(p) = v; }
 static inline vf bcast(float s) {
-#if defined(CG_ISA_AVX512)
+#if defined(CG_EMULATE_VL16)
+    vf v;
+    for (int i = 0; i < VL; i++) v[i] = s;
+    return v;
+#elif defined(CG_ISA_AVX512)
     return (vf)_mm512_set1_ps(s);
 #elif defined(CG_ISA_AVX2)
     return (vf)_mm256_set1_ps(s);
@@ -47,7 +56,11 @@ static inline vf zero() { return vf{}; }
 
 // The first n (< VL) lanes from p; the others are zero.  Never reads past p + n.
 static inline vf load_n(const float* p, int n) {
-#if defined(CG_ISA_AVX512)
+#if defined(CG_EMULATE_VL16)
+    vf v = zero();
+    for (int i = 0; i < n; i++) v[i] = p[i];
+    return v;
+#elif defined(CG_ISA_AVX512)
     return (vf)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
 #elif defined(CG_ISA_AVX2)
     static const int32_t mask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
@@ -61,7 +74,9 @@ static inline vf load_n(const float* p, int n) {
 
 // Store the first n (< VL) lanes to p; never writes past p + n.
 static inline void store_n(float* p, vf v, int n) {
-#if defined(CG_ISA_AVX512)
+#if defined(CG_EMULATE_VL16)
+    for (int i = 0; i < n; i++) p[i] = v[i];
+#elif defined(CG_ISA_AVX512)
     _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1u), (__m512)v);
 #elif defined(CG_ISA_AVX2)
     static const int32_t mask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
