@@ -68,6 +68,9 @@ PACK_BYTES = 1 * 2**20
 CORR_ITEM_BYTES = 512 * 2**10
 CORR_WEIGHT_BYTES = 256 * 2**10
 CORR_L1_WEIGHT_BYTES = 0        # (measured no gain yet; see docs/kernels.md)
+# corr: float32 weights with unit output-channel stride and whole blocks are read
+# in place (False: always packed; tests)
+WEIGHTS_IN_PLACE = True
 # wgrad: the packed panels of one chunk of positions (x rows, dy rows; swept in
 # L2-sized blocks) take about this much; a chunk has at least / at most this
 # many positions.
@@ -100,7 +103,8 @@ class _Corr(ctypes.Structure):
                 ("N", _I64), ("Lin", _I64 * 3), ("Cin", _I64), ("Cout", _I64),
                 ("groups", _I64), ("is_", _I64 * 3), ("os", _I64 * 3),
                 ("phases", ctypes.c_void_p), ("taps", ctypes.c_void_p),
-                ("wpk", ctypes.c_void_p), ("ntap_w", _I64), ("nv", _I64), ("r", _I64),
+                ("wpk", ctypes.c_void_p), ("wg", _I64), ("wob", _I64), ("wt", _I64),
+                ("wc", _I64), ("ntap_w", _I64), ("nv", _I64), ("r", _I64),
                 ("ob_group", _I64), ("items", ctypes.c_void_p)]
 
 
@@ -337,24 +341,32 @@ def _weights_2d(w: np.ndarray) -> np.ndarray:
     return w.reshape(-1, w.shape[-2], w.shape[-1])
 
 
-def _pack(eng: Engine, w3: np.ndarray, A: int, B: int, sa: int, sb: int, gstride: int,
-          groups: int, nv: int, threads: int) -> np.ndarray:
+def _weights(eng: Engine, w3: np.ndarray, A: int, B: int, sa: int, sb: int, gstride: int,
+             groups: int, nv: int, threads: int):
+    """The corr kernel's weights: ``(array, wg, wob, wt, wc)``, block ``ob`` of group
+    ``g``, tap ``t``, row ``a`` (an input channel of the correlation) at element
+    ``g*wg + ob*wob + t*wt + a*wc`` (NB = nv * VL columns from there).  ``w3``
+    (T, ., .) holds element (t, a, b) of group g at ``t*st + a*sa + b*sb + g*gstride``.
+    Read in place when it is float32 with unit column stride and whole blocks;
+    else packed into panels [g][ob][t][a][NB] (zero columns past B)."""
     T = w3.shape[0]
     nb = nv * eng.vl
     nblk = -(-B // nb)
-    out = scratch("native-panels", (groups * nblk * T * A * nb,), np.float32, zero=False)
     st = w3.strides[0] // w3.itemsize
+    if w3.dtype == np.float32 and (sb == 1 or B == 1) and B % nb == 0 and WEIGHTS_IN_PLACE:
+        return w3, gstride, nb, st, sa
+    out = scratch("native-panels", (groups * nblk * T * A * nb,), np.float32, zero=False)
     code = DTYPE_CODES[w3.dtype]
 
     def run(lo, hi):
         eng.lib.cg_pack_panels(w3.ctypes.data, code, T, A, B, st, sa, sb, gstride, nv,
                                out.ctypes.data, lo, hi)
     _pool.run_ranges(run, groups * nblk, threads if out.nbytes > 2**20 else 1, per_thread=1)
-    return out
+    return out, nblk * T * A * nb, T * A * nb, A * nb, nb
 
 
 def _corr(eng: Engine, inp: np.ndarray, out: np.ndarray, *, n, lin, cin, cout, groups,
-          istep, ostep, phases, taps, panels, ntap_w, nv, flops) -> None:
+          istep, ostep, phases, taps, weights, ntap_w, nv, flops) -> None:
     """Run the corr kernel over every work item (see engine.cpp)."""
     threads = _threads(flops)
     lin3 = _pad3(lin, 1)
@@ -363,6 +375,7 @@ def _corr(eng: Engine, inp: np.ndarray, out: np.ndarray, *, n, lin, cin, cout, g
     total = sum(int(p[3] * p[4]) for p in ph) * n
     packed = not (inp.dtype == np.float32 and inp.strides[-1] == inp.itemsize)
     nb = nv * eng.vl
+    warr, wg, wob, wt, wc = weights
     panel_bytes = ntap_w * (cin // groups) * nb * 4
     # weight blocks small enough for L1 are swept one at a time (each stays in L1
     # while the item's pixels pass), larger ones a few at a time (in L2)
@@ -391,8 +404,8 @@ def _corr(eng: Engine, inp: np.ndarray, out: np.ndarray, *, n, lin, cin, cout, g
     rmax = eng.corr_rmax[nv]
     prob = _Corr(_tensor(inp), out.ctypes.data, (_I64 * 5)(*ostr5), n, (_I64 * 3)(*lin3), cin,
                  cout, groups, (_I64 * 3)(*istep), (_I64 * 3)(*ostep), ph.ctypes.data,
-                 taps.ctypes.data, panels.ctypes.data, ntap_w, nv, rmax, ob_group,
-                 items_a.ctypes.data)
+                 taps.ctypes.data, warr.ctypes.data, wg, wob, wt, wc, ntap_w, nv, rmax,
+                 ob_group, items_a.ctypes.data)
     pp = ctypes.addressof(prob)
 
     def run(lo, hi):
@@ -417,8 +430,8 @@ def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     nv = _nv_for(og, eng.vl)
     w3 = _weights_2d(w)
     es = w3.itemsize
-    panels = _pack(eng, w3, cg, og, w3.strides[1] // es, w3.strides[2] // es,
-                   og * (w3.strides[2] // es), G, nv, threads)
+    weights = _weights(eng, w3, cg, og, w3.strides[1] // es, w3.strides[2] // es,
+                       og * (w3.strides[2] // es), G, nv, threads)
     k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
                       _pad3(geom.pads_begin, 0))
     taps = []
@@ -427,7 +440,7 @@ def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     m3 = _pad3(geom.out_sizes, 1)
     phases = [(0, 0, 0, *m3, 0, len(taps))]
     _corr(eng, x, y, n=geom.n, lin=geom.in_sizes, cin=geom.c, cout=geom.o, groups=G,
-          istep=s3, ostep=(1, 1, 1), phases=phases, taps=_i64(taps), panels=panels,
+          istep=s3, ostep=(1, 1, 1), phases=phases, taps=_i64(taps), weights=weights,
           ntap_w=len(taps), nv=nv, flops=geom.flops)
     return y
 
@@ -449,8 +462,8 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     w3 = _weights_2d(w)
     es = w3.itemsize
     # panel rows: dy channels o of the group; columns: dx channels c of the group
-    panels = _pack(eng, w3, og, cg, w3.strides[2] // es, w3.strides[1] // es,
-                   og * (w3.strides[2] // es), G, nv, threads)
+    weights = _weights(eng, w3, og, cg, w3.strides[2] // es, w3.strides[1] // es,
+                       og * (w3.strides[2] // es), G, nv, threads)
     k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
                       _pad3(geom.pads_begin, 0))
     l3 = _pad3(geom.in_sizes, 1)
@@ -466,7 +479,7 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
             phases.append((*r, *counts, begin, len(taps)))
     _corr(eng, dy, dx, n=geom.n, lin=geom.out_sizes, cin=geom.o, cout=geom.c, groups=G,
           istep=(1, 1, 1), ostep=s3, phases=phases, taps=_i64(taps or [(0, 0, 0, 0)]),
-          panels=panels, ntap_w=math.prod(geom.kernel), nv=nv, flops=geom.flops)
+          weights=weights, ntap_w=math.prod(geom.kernel), nv=nv, flops=geom.flops)
     return dx
 
 

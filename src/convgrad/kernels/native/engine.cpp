@@ -64,13 +64,19 @@ void pack_lines(float* dst, const Tensor& t, int64_t n, const std::vector<int64_
                 for (int64_t w = 0; w < W; w++) convert_run(o + w * C, at(t, n, d, h, w, 0),
                                                             t.dtype, sc, C);
             } else {
-                // channels outermost in memory (NCX): read runs along w
-                float tmp[256];
-                for (int64_t c = 0; c < C; c++) {
-                    for (int64_t w0 = 0; w0 < W; w0 += 256) {
-                        int64_t m = std::min<int64_t>(256, W - w0);
-                        convert_run(tmp, at(t, n, d, h, w0, c), t.dtype, sw, m);
-                        for (int64_t k = 0; k < m; k++) o[(w0 + k) * C + c] = tmp[k];
+                // channels outermost in memory (NCX): blocks of 16 channels x 64
+                // pixels, read along w, written as 16-channel runs
+                float tmp[16][64];
+                for (int64_t c0 = 0; c0 < C; c0 += 16) {
+                    const int64_t cn = std::min<int64_t>(16, C - c0);
+                    for (int64_t w0 = 0; w0 < W; w0 += 64) {
+                        const int64_t wn = std::min<int64_t>(64, W - w0);
+                        for (int64_t c = 0; c < cn; c++)
+                            convert_run(tmp[c], at(t, n, d, h, w0, c0 + c), t.dtype, sw, wn);
+                        for (int64_t k = 0; k < wn; k++) {
+                            float* row = o + (w0 + k) * C + c0;
+                            for (int64_t c = 0; c < cn; c++) row[c] = tmp[c][k];
+                        }
                     }
                 }
             }
@@ -118,11 +124,12 @@ constexpr int corr_blocks(int r, int nv) {
 
 // out_i[b*NB + j] = sum_t sum_c x_{t,i}[c] * w_t[b][c*NB + j] for R pixels i and
 // B blocks b: xp[t*R + i] is pixel i's input row for tap t (channel 0 of its
-// group), wp[t] block 0's weight panel, the next blocks wstride floats apart.
+// group), wp[t] block 0's weights for tap t (input channel c at wp[t] + c*wc), the
+// next blocks wstride floats apart.
 // Pixels of one tile may come from different lines (they share their taps).
 template <int R, int NV, int B>
 void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t wstride,
-               int64_t cin, float* const* out, int64_t ochan, int nvalid) {
+               int64_t wc, int64_t cin, float* const* out, int64_t ochan, int nvalid) {
     constexpr int NB = NV * VL;
     vf acc[R][B][NV];
 #pragma GCC unroll 64
@@ -141,7 +148,7 @@ void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t
 #pragma GCC unroll 8
             for (int b = 0; b < B; b++)
 #pragma GCC unroll 8
-                for (int v = 0; v < NV; v++) wv[b][v] = load(w + b * wstride + c * NB + v * VL);
+                for (int v = 0; v < NV; v++) wv[b][v] = load(w + b * wstride + c * wc + v * VL);
 #pragma GCC unroll 64
             for (int i = 0; i < R; i++) {
                 vf s = bcast(x[i][c]);
@@ -176,7 +183,7 @@ void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t
 }
 
 typedef void (*corr_fn)(int, const float* const*, const float* const*, int64_t, int64_t,
-                        float* const*, int64_t, int);
+                        int64_t, float* const*, int64_t, int);
 
 // fns[(R - 1) * BMAX + (B - 1)] for B <= corr_blocks(R, NV), else null
 template <int NV, int K>
@@ -221,7 +228,9 @@ struct CorrProblem {
     int64_t os[3];             // output step per output index
     const int64_t* phases;     // per phase: or[3], U[3], tap_begin, tap_end
     const int64_t* taps;       // per tap entry: off[3], weight tap index
-    const float* wpk;          // packed weights [g][ob][tap][cin_g][NB]
+    const float* wpk;          // weights: block ob of group g, tap t, input channel c at
+                               // wpk + g*wg + ob*wob + t*wt + c*wc (NB floats)
+    int64_t wg, wob, wt, wc;
     int64_t ntap_w;            // weight taps
     int64_t nv;                // NB = nv * VL output channels per block
     int64_t r;                 // pixels per tile (<= CORR_RMAX[nv])
@@ -297,12 +306,18 @@ struct PixelClass {
 }  // namespace
 
 int64_t cg_corr_scratch(const CorrProblem* P, int64_t lo, int64_t hi) {
-    if (direct_f32(P->in)) return 0;
+    const bool packed = !direct_f32(P->in), obuf = P->ostride[4] != 1;
     int64_t most = 0;
     std::vector<int64_t> keys;
     for (int64_t it = lo; it < hi; it++) {
-        item_line_keys(P, P->items + 3 * it, keys);
-        most = std::max(most, (int64_t)keys.size() * P->Lin[2] * P->Cin);
+        const int64_t* item = P->items + 3 * it;
+        int64_t need = 0;
+        if (packed) {
+            item_line_keys(P, item, keys);
+            need += (int64_t)keys.size() * P->Lin[2] * P->Cin;
+        }
+        if (obuf) need += (item[2] - item[1]) * P->phases[8 * item[0] + 5] * P->Cout;
+        most = std::max(most, need);
     }
     return most;
 }
@@ -315,11 +330,13 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
     const corr_fn* fns = corr_table(nv);
     const bool packed = !direct_f32(P->in);
     const int64_t W = P->Lin[2];
-    const int64_t panel = P->ntap_w * cin_g * NB;       // one (g, ob) weight panel
     const int64_t bg = std::max<int64_t>(1, P->ob_group);
     const int64_t* os = P->os;
     const int64_t xpix = packed ? P->Cin : P->in.stride[3];
-    const int64_t ochan = P->ostride[4];
+    // outputs whose channels are not contiguous (NCX callers) are computed into a
+    // channels-last buffer per item and transposed into place line by line
+    const bool obuf = P->ostride[4] != 1;
+    const int64_t ochan = obuf ? 1 : P->ostride[4];
 
     std::vector<int64_t> keys;
     std::vector<LineTaps> lines;
@@ -340,8 +357,10 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
             item_line_keys(P, item, keys);
             pack_keyed_lines(scratch, P->in, keys, P->Lin[0], P->Lin[1], W, P->Cin);
         }
+        float* const outbuf = scratch + (packed ? (int64_t)keys.size() * W * P->Cin : 0);
         // per line: the taps' input lines and w ranges; pixels grouped by valid taps
         const int64_t nl = item[2] - item[1];
+        const int64_t opix = obuf ? P->Cout : os[2] * P->ostride[3];
         lines.resize(nl);
         lptr.assign(nl * nt, nullptr);
         u0s.assign(nl * nt, 0);
@@ -356,8 +375,9 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
             decode_line(ph, item[1] + li, n, ud, uh);
             LineTaps& L = lines[li];
             L.n = n, L.ud = ud, L.uh = uh;
-            L.out = P->out + n * P->ostride[0] + (ud * os[0] + ord) * P->ostride[1] +
-                    (uh * os[1] + orh) * P->ostride[2] + orw * P->ostride[3];
+            L.out = obuf ? outbuf + li * Uw * P->Cout
+                         : P->out + n * P->ostride[0] + (ud * os[0] + ord) * P->ostride[1] +
+                               (uh * os[1] + orh) * P->ostride[2] + orw * P->ostride[3];
             bps.assign({0, Uw});
             for (int64_t k = 0; k < nt; k++) {
                 const int64_t* tp = P->taps + 4 * (tb + k);
@@ -413,7 +433,7 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                     const int ntp = (int)C.taps.size();
                     if (ntp == 0) {
                         for (int64_t p = 0; p < npx; p++) {
-                            float* o = lines[C.line[p]].out + C.u[p] * os[2] * P->ostride[3] +
+                            float* o = lines[C.line[p]].out + C.u[p] * opix +
                                        (g * cout_g + ob0 * NB) * ochan;
                             const int64_t m = std::min(cout_g, ob1 * NB) - ob0 * NB;
                             for (int64_t j = 0; j < m; j++) o[j * ochan] = 0.0f;
@@ -422,14 +442,18 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                     }
                     xt.resize((size_t)ntp * rmax);
                     wt.resize(ntp);
-                    for (int64_t p = 0; p < npx; p += rmax) {
-                        const int r = (int)std::min<int64_t>(rmax, npx - p);
+                    // tiles of near-equal size (a class of 50 pixels: 6,6,6,6,6,5,5,5,5 --
+                    // no narrow last tile starved of accumulators)
+                    const int64_t ntiles = (npx + rmax - 1) / rmax;
+                    for (int64_t tile = 0, p = 0; tile < ntiles; tile++) {
+                        const int r = (int)(npx / ntiles + (tile < npx % ntiles ? 1 : 0));
+                        const int64_t p0 = p;
+                        p += r;
                         for (int i = 0; i < r; i++) {
-                            const LineTaps& L = lines[C.line[p + i]];
-                            const int64_t li = C.line[p + i];
-                            const int64_t u = C.u[p + i];
-                            optr[i] = L.out + u * os[2] * P->ostride[3] +
-                                      (g * cout_g) * ochan;
+                            const LineTaps& L = lines[C.line[p0 + i]];
+                            const int64_t li = C.line[p0 + i];
+                            const int64_t u = C.u[p0 + i];
+                            optr[i] = L.out + u * opix + (g * cout_g) * ochan;
                             for (int k = 0; k < ntp; k++) {
                                 const int64_t e = C.taps[k];
                                 const int64_t* tp = P->taps + 4 * (tb + e);
@@ -443,14 +467,34 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                             const int nvalid = (int)std::min<int64_t>(b * NB, cout_g - ob * NB);
                             for (int k = 0; k < ntp; k++) {
                                 const int64_t* tp = P->taps + 4 * (tb + C.taps[k]);
-                                wt[k] = P->wpk + ((g * nob + ob) * P->ntap_w + tp[3]) * cin_g *
-                                                     NB;
+                                wt[k] = P->wpk + g * P->wg + ob * P->wob + tp[3] * P->wt;
                             }
                             float* oo[64];
                             for (int i = 0; i < r; i++) oo[i] = optr[i] + ob * NB * ochan;
-                            fns[(r - 1) * BMAX + (b - 1)](ntp, xt.data(), wt.data(), panel,
-                                                          cin_g, oo, ochan, nvalid);
+                            fns[(r - 1) * BMAX + (b - 1)](ntp, xt.data(), wt.data(), P->wob,
+                                                          P->wc, cin_g, oo, ochan, nvalid);
                             ob += b;
+                        }
+                    }
+                }
+            }
+        }
+        if (obuf) {
+            // [u][c] line buffers -> the output, 16 channels x 64 pixels at a time
+            const int64_t ropix = os[2] * P->ostride[3], rochan = P->ostride[4];
+            for (int64_t li = 0; li < nl; li++) {
+                const LineTaps& L = lines[li];
+                float* dst = P->out + L.n * P->ostride[0] +
+                             (L.ud * os[0] + ord) * P->ostride[1] +
+                             (L.uh * os[1] + orh) * P->ostride[2] + orw * P->ostride[3];
+                for (int64_t c0 = 0; c0 < P->Cout; c0 += 16) {
+                    const int64_t cn = std::min<int64_t>(16, P->Cout - c0);
+                    for (int64_t u0 = 0; u0 < Uw; u0 += 64) {
+                        const int64_t un = std::min<int64_t>(64, Uw - u0);
+                        for (int64_t c = 0; c < cn; c++) {
+                            float* d = dst + (c0 + c) * rochan + u0 * ropix;
+                            const float* s = L.out + u0 * P->Cout + c0 + c;
+                            for (int64_t u = 0; u < un; u++) d[u * ropix] = s[u * P->Cout];
                         }
                     }
                 }
