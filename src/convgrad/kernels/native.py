@@ -29,10 +29,12 @@ back to the NumPy/numba kernels (with one warning at import).
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import math
 import os
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -144,7 +146,9 @@ class Engine:
             raise ImportError(f"{path} is the {built!r} build, not {isa!r}")
         self.vl = int(lib.cg_vector_floats())
         self.corr_rmax = {nv: int(lib.cg_corr_rmax(nv)) for nv in (1, 2, 3, 4)}
+        self.rmax_of = tuple(self.corr_rmax[nv] for nv in (1, 2, 3, 4))
         self.wgrad_mr = {nv: int(lib.cg_wgrad_mr(nv)) for nv in (1, 2, 3, 4)}
+        self.mr_of = tuple(self.wgrad_mr[nv] for nv in (1, 2, 3, 4))
 
 
 # -- loading -------------------------------------------------------------------------------
@@ -365,55 +369,123 @@ def _weights(eng: Engine, w3: np.ndarray, A: int, B: int, sa: int, sb: int, gstr
     return out, nblk * T * A * nb, T * A * nb, A * nb, nb
 
 
-def _corr(eng: Engine, inp: np.ndarray, out: np.ndarray, *, n, lin, cin, cout, groups,
-          istep, ostep, phases, taps, weights, ntap_w, nv, flops) -> None:
-    """Run the corr kernel over every work item (see engine.cpp)."""
-    threads = _threads(flops)
-    lin3 = _pad3(lin, 1)
-    # work items: ranges of output lines of one phase (lines numbered over n, d, h)
+# -- plans: everything about a call that depends on its geometry only (cached) ---------------
+
+@dataclass(frozen=True)
+class CorrPlan:
+    """One corr problem: the forward convolution (``kind="fwd"``) or the data
+    gradient (``"dgrad"``) as a correlation of ``inp`` (x or dy) into ``out``."""
+    n: int
+    lin: tuple            # input spatial sizes (3-D)
+    cin: int              # input channels of the correlation (C for fwd, O for dgrad)
+    cout: int
+    groups: int
+    istep: tuple
+    ostep: tuple
+    phases: np.ndarray    # per phase: or[3], U[3], tap_begin, tap_end
+    taps: np.ndarray      # per tap entry: off[3], weight tap
+    ntap_w: int
+    nv: int
+    rmax: int
+    ob_group: int
+    items: np.ndarray     # per item: phase, first line, end line
+
+
+def _corr_taps(geom: ConvGeometry, kind: str):
+    """The phases and tap entries of the correlation (see engine.cpp)."""
+    k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
+                      _pad3(geom.pads_begin, 0))
+    if kind == "fwd":
+        taps = [(kd * d3[0] - p3[0], kh * d3[1] - p3[1], kw * d3[2] - p3[2], t)
+                for t, (kd, kh, kw) in enumerate(np.ndindex(*k3))]
+        return [(0, 0, 0, *_pad3(geom.out_sizes, 1), 0, len(taps))], taps
+    # dgrad, one stride phase r at a time: dx[q*s + r] = sum over the taps with
+    # (r + pb - t*d) % s == 0 of dy[q + (r + pb - t*d) / s] . w[t]^T
+    l3 = _pad3(geom.in_sizes, 1)
+    taps, phases = [], []
+    for r in np.ndindex(*s3):
+        counts = [-(-(L - ri) // s) if ri < L else 0 for L, ri, s in zip(l3, r, s3)]
+        begin = len(taps)
+        for t, k in enumerate(np.ndindex(*k3)):
+            num = [ri + p - ki * d for ri, p, ki, d in zip(r, p3, k, d3)]
+            if all(v % s == 0 for v, s in zip(num, s3)):
+                taps.append((*(v // s for v, s in zip(num, s3)), t))
+        if all(counts):
+            phases.append((*r, *counts, begin, len(taps)))
+    return phases, taps
+
+
+@functools.lru_cache(maxsize=256)
+def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: int,
+              packed: bool) -> CorrPlan:
+    """The work decomposition of a forward or data gradient call (pure, cached)."""
+    G = geom.groups
+    if kind == "fwd":
+        n, lin, cin, cout = geom.n, _pad3(geom.in_sizes, 1), geom.c, geom.o
+        istep, ostep = _pad3(geom.strides, 1), (1, 1, 1)
+    else:
+        n, lin, cin, cout = geom.n, _pad3(geom.out_sizes, 1), geom.o, geom.c
+        istep, ostep = (1, 1, 1), _pad3(geom.strides, 1)
+    nv = _nv_for(cout // G, vl)
+    phases, taps = _corr_taps(geom, kind)
     ph = np.asarray(phases, np.int64).reshape(-1, 8)
-    total = sum(int(p[3] * p[4]) for p in ph) * n
-    packed = not (inp.dtype == np.float32 and inp.strides[-1] == inp.itemsize)
-    nb = nv * eng.vl
-    warr, wg, wob, wt, wc = weights
-    panel_bytes = ntap_w * (cin // groups) * nb * 4
+    t4 = _i64(taps or [(0, 0, 0, 0)]).reshape(-1, 4)
+    ntap_w = math.prod(geom.kernel)
+    nb = nv * vl
+    panel_bytes = ntap_w * (cin // G) * nb * 4
     # weight blocks small enough for L1 are swept one at a time (each stays in L1
     # while the item's pixels pass), larger ones a few at a time (in L2)
     ob_group = 1 if panel_bytes <= CORR_L1_WEIGHT_BYTES else max(
-        1, min(-(-(cout // groups) // nb), CORR_WEIGHT_BYTES // panel_bytes))
-    line_bytes = lin3[2] * cin * 4
-    t4 = taps.reshape(-1, 4)
+        1, min(-(-(cout // G) // nb), CORR_WEIGHT_BYTES // max(1, panel_bytes)))
+    # work items: ranges of output lines of one phase (lines numbered over n, d, h):
+    # several per thread; an item's input rows stay in cache (and, when they are
+    # converted, in the per-thread scratch)
+    total = sum(int(p[3] * p[4]) for p in ph) * n
+    line_bytes = lin[2] * cin * 4
+    budget = PACK_BYTES if packed else CORR_ITEM_BYTES
     items = []
     for k, p in enumerate(ph):
         lines = n * int(p[3] * p[4])
         rows_h = len(set(t4[p[6]:p[7], 1].tolist())) or 1
         rows_d = len(set(t4[p[6]:p[7], 0].tolist())) or 1
-        # several items per thread; an item's input rows stay in cache (and, when
-        # they are converted, in the per-thread scratch)
         band = max(1, total // (4 * threads))
-        budget = PACK_BYTES if packed else CORR_ITEM_BYTES
         while band > 1 and rows_d * (band * istep[1] + rows_h) * line_bytes > budget:
             band = max(1, band // 2)
         items += [(k, lo, min(lines, lo + band)) for lo in range(0, lines, band)]
-    if not items:
+    plan = CorrPlan(n, lin, cin, cout, G, istep, ostep, ph, t4, ntap_w, nv, rmax_of[nv - 1],
+                    ob_group, _i64(items).reshape(-1, 3))
+    for a in (plan.phases, plan.taps, plan.items):
+        a.setflags(write=False)
+    return plan
+
+
+def _is_packed(a: np.ndarray) -> bool:
+    """Whether the kernels convert ``a`` (not float32 with unit channel stride)."""
+    return not (a.dtype == np.float32 and a.strides[-1] == a.itemsize)
+
+
+def _corr(eng: Engine, plan: CorrPlan, inp: np.ndarray, out: np.ndarray, weights,
+          threads: int) -> None:
+    """Run the corr kernel over every work item of ``plan`` (see engine.cpp)."""
+    if not len(plan.items):
         return
-    items_a = _i64(items)
+    warr, wg, wob, wt, wc = weights
     ostr = [s // out.itemsize for s in out.strides]
     r = out.ndim - 2
     ostr5 = [ostr[0]] + [0] * (3 - r) + ostr[1:]
-    rmax = eng.corr_rmax[nv]
-    prob = _Corr(_tensor(inp), out.ctypes.data, (_I64 * 5)(*ostr5), n, (_I64 * 3)(*lin3), cin,
-                 cout, groups, (_I64 * 3)(*istep), (_I64 * 3)(*ostep), ph.ctypes.data,
-                 taps.ctypes.data, warr.ctypes.data, wg, wob, wt, wc, ntap_w, nv, rmax,
-                 ob_group, items_a.ctypes.data)
+    prob = _Corr(_tensor(inp), out.ctypes.data, (_I64 * 5)(*ostr5), plan.n,
+                 (_I64 * 3)(*plan.lin), plan.cin, plan.cout, plan.groups,
+                 (_I64 * 3)(*plan.istep), (_I64 * 3)(*plan.ostep), plan.phases.ctypes.data,
+                 plan.taps.ctypes.data, warr.ctypes.data, wg, wob, wt, wc, plan.ntap_w,
+                 plan.nv, plan.rmax, plan.ob_group, plan.items.ctypes.data)
     pp = ctypes.addressof(prob)
 
     def run(lo, hi):
         need = int(eng.lib.cg_corr_scratch(pp, lo, hi))
         buf = scratch("native-pack", (max(need, 16),), np.float32, zero=False)
         eng.lib.cg_corr_run(pp, lo, hi, buf.ctypes.data)
-    _pool.run_ranges(run, len(items), threads)
-    del prob, items_a, ph
+    _pool.run_ranges(run, len(plan.items), threads)
+    del prob
 
 
 def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry) -> np.ndarray:
@@ -427,28 +499,18 @@ def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry) -> np.ndarray:
         y[...] = 0
         return y
     threads = _threads(geom.flops)
-    nv = _nv_for(og, eng.vl)
+    plan = corr_plan(geom, "fwd", eng.vl, eng.rmax_of, threads, _is_packed(x))
     w3 = _weights_2d(w)
     es = w3.itemsize
     weights = _weights(eng, w3, cg, og, w3.strides[1] // es, w3.strides[2] // es,
-                       og * (w3.strides[2] // es), G, nv, threads)
-    k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
-                      _pad3(geom.pads_begin, 0))
-    taps = []
-    for t, (kd, kh, kw) in enumerate(np.ndindex(*k3)):
-        taps.append((kd * d3[0] - p3[0], kh * d3[1] - p3[1], kw * d3[2] - p3[2], t))
-    m3 = _pad3(geom.out_sizes, 1)
-    phases = [(0, 0, 0, *m3, 0, len(taps))]
-    _corr(eng, x, y, n=geom.n, lin=geom.in_sizes, cin=geom.c, cout=geom.o, groups=G,
-          istep=s3, ostep=(1, 1, 1), phases=phases, taps=_i64(taps), weights=weights,
-          ntap_w=len(taps), nv=nv, flops=geom.flops)
+                       og * (w3.strides[2] // es), G, plan.nv, threads)
+    _corr(eng, plan, x, y, weights, threads)
     return y
 
 
 def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     """Data gradient: w (*K, C/G, O), dy (N, *M, O) -> dx (N, *L, C) float32, one stride
-    phase at a time: dx[q*s + r] = sum over taps with (r + pb - t*d) % s == 0 of
-    dy[q + (r + pb - t*d) / s] . w[t]^T."""
+    phase at a time (see :func:`_corr_taps`)."""
     eng = engine()
     G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
     dx = _alloc_like(dy, geom.n, geom.in_sizes, geom.c)
@@ -458,65 +520,72 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
         dx[...] = 0
         return dx
     threads = _threads(geom.flops)
-    nv = _nv_for(cg, eng.vl)
+    plan = corr_plan(geom, "dgrad", eng.vl, eng.rmax_of, threads, _is_packed(dy))
     w3 = _weights_2d(w)
     es = w3.itemsize
     # panel rows: dy channels o of the group; columns: dx channels c of the group
     weights = _weights(eng, w3, og, cg, w3.strides[2] // es, w3.strides[1] // es,
-                       og * (w3.strides[2] // es), G, nv, threads)
-    k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
-                      _pad3(geom.pads_begin, 0))
-    l3 = _pad3(geom.in_sizes, 1)
-    taps, phases = [], []
-    for r in np.ndindex(*s3):
-        counts = [-(-(L - ri) // s) if ri < L else 0 for L, ri, s in zip(l3, r, s3)]
-        begin = len(taps)
-        for t, k in enumerate(np.ndindex(*k3)):
-            num = [ri + p - ki * d for ri, p, ki, d in zip(r, p3, k, d3)]
-            if all(v % s == 0 for v, s in zip(num, s3)):
-                taps.append((*(v // s for v, s in zip(num, s3)), t))
-        if all(counts):
-            phases.append((*r, *counts, begin, len(taps)))
-    _corr(eng, dy, dx, n=geom.n, lin=geom.out_sizes, cin=geom.o, cout=geom.c, groups=G,
-          istep=(1, 1, 1), ostep=s3, phases=phases, taps=_i64(taps or [(0, 0, 0, 0)]),
-          weights=weights, ntap_w=math.prod(geom.kernel), nv=nv, flops=geom.flops)
+                       og * (w3.strides[2] // es), G, plan.nv, threads)
+    _corr(eng, plan, dy, dx, weights, threads)
     return dx
+
+
+@dataclass(frozen=True)
+class WgradPlan:
+    nv: int
+    chunk: int            # positions per packed chunk
+    items: np.ndarray     # per item: first and end output line (numbered over n, d, h)
+    split_outputs: bool   # threads split the output channels (else the positions)
+    chunks: int           # position chunks with partial gradients (not split_outputs)
+    nblocks: int          # output blocks over all groups
+
+
+@functools.lru_cache(maxsize=256)
+def wgrad_plan(geom: ConvGeometry, vl: int, mr_of: tuple, consts: tuple) -> WgradPlan:
+    """The work decomposition of a weight gradient (pure, cached).  Results do not
+    depend on the thread count: either every output block sums all positions in
+    order (split over the output channels), or the positions are cut into
+    ``chunks`` chunks, one partial gradient each, summed in chunk order.  Work
+    items are ranges of output lines, a chunk of positions or more each."""
+    panel_bytes, min_chunk, max_chunk, nchunks, partials_bytes = consts
+    G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
+    nv = _nv_for(og, vl)
+    nb, mr = nv * vl, mr_of[nv - 1]
+    m3 = _pad3(geom.out_sizes, 1)
+    # positions per packed chunk: its panels (x rows and dy rows of the chunk)
+    per_position = 4 * G * (-(-cg // mr) * mr + -(-og // nb) * nb)
+    chunk = max(min_chunk, min(max_chunk, panel_bytes // per_position))
+    lines = geom.n * m3[0] * m3[1]
+    nblocks = G * -(-og // nb)
+    chunks = max(1, min(lines, nchunks))
+    dw_bytes = 4 * math.prod(geom.kernel) * cg * geom.o
+    split_outputs = dw_bytes * chunks > partials_bytes and nblocks >= 2
+    band = max(1, -(-chunk // max(1, m3[2])))
+    if not split_outputs:
+        band = max(1, min(band, lines // chunks))
+    items = _i64([(lo, min(lines, lo + band)) for lo in range(0, lines, band)]).reshape(-1, 2)
+    items.setflags(write=False)
+    return WgradPlan(nv, chunk, items, split_outputs, min(chunks, len(items)), nblocks)
 
 
 def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32."""
     eng = engine()
-    G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
+    G, cg = geom.groups, geom.c // geom.groups
     dw = np.zeros((*geom.kernel, cg, geom.o), np.float32)
     if dw.size == 0 or x.size == 0 or dy.size == 0:
         return dw
     threads = _threads(geom.flops)
-    nv = _nv_for(og, eng.vl)
-    nb, mr = nv * eng.vl, eng.wgrad_mr[nv]
+    plan = wgrad_plan(geom, eng.vl, eng.mr_of, (WGRAD_PANEL_BYTES, WGRAD_MIN_CHUNK,
+                                                WGRAD_MAX_CHUNK, WGRAD_CHUNKS, PARTIALS_BYTES))
+    nitems, nblocks = len(plan.items), plan.nblocks
     k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
                       _pad3(geom.pads_begin, 0))
     l3, m3 = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)
-    # positions per packed chunk: its panels (x rows and dy rows of the chunk)
-    per_position = 4 * G * (-(-cg // mr) * mr + -(-og // nb) * nb)
-    chunk = max(WGRAD_MIN_CHUNK, min(WGRAD_MAX_CHUNK, WGRAD_PANEL_BYTES // per_position))
-    # Results do not depend on the thread count: either every output block sums
-    # all positions in order (split over the output channels), or the positions
-    # are cut into WGRAD_CHUNKS chunks, one partial gradient each, summed in chunk
-    # order.  Work items are ranges of output lines (numbered over n, d, h), a
-    # chunk of positions or more each (and enough for the chunks to split them).
-    lines = geom.n * m3[0] * m3[1]
-    nob = -(-og // nb)
-    nblocks = G * nob
-    chunks = max(1, min(lines, WGRAD_CHUNKS))
-    split_outputs = dw.nbytes * chunks > PARTIALS_BYTES and nblocks >= 2
-    band = max(1, -(-chunk // max(1, m3[2])))
-    if not split_outputs:
-        band = max(1, min(band, lines // chunks))
-    items = [(lo, min(lines, lo + band)) for lo in range(0, lines, band)]
-    items_a = _i64(items)
     prob = _Wgrad(_tensor(x), _tensor(dy), geom.n, (_I64 * 3)(*l3), geom.c, (_I64 * 3)(*m3),
                   geom.o, G, (_I64 * 3)(*k3), (_I64 * 3)(*s3), (_I64 * 3)(*d3), (_I64 * 3)(*p3),
-                  nv, chunk, WGRAD_LINE_MIN, int(WGRAD_DIRECT_X), items_a.ctypes.data)
+                  plan.nv, plan.chunk, WGRAD_LINE_MIN, int(WGRAD_DIRECT_X),
+                  plan.items.ctypes.data)
     pp = ctypes.addressof(prob)
 
     def task(lo, hi, oblo, obhi, out):
@@ -526,18 +595,16 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
             eng.lib.cg_wgrad_run(pp, lo, hi, oblo, obhi, out.ctypes.data, buf.ctypes.data)
         return run
 
-    if split_outputs:
-        _pool.run_tasks([task(0, len(items), lo, hi, dw)
+    if plan.split_outputs:
+        _pool.run_tasks([task(0, nitems, lo, hi, dw)
                          for lo, hi in _pool.split(nblocks, threads)], threads)
+    elif plan.chunks == 1:
+        task(0, nitems, 0, nblocks, dw)()
     else:
-        chunks = min(chunks, len(items))
-        if chunks == 1:
-            task(0, len(items), 0, nblocks, dw)()
-        else:
-            parts = scratch("native-partials", (chunks, dw.size), np.float32, zero=True)
-            _pool.run_tasks([task(lo, hi, 0, nblocks, parts[i])
-                             for i, (lo, hi) in enumerate(_pool.split(len(items), chunks))],
-                            threads)
-            np.add.reduce(parts, axis=0, out=dw.reshape(-1))
-    del prob, items_a
+        parts = scratch("native-partials", (plan.chunks, dw.size), np.float32, zero=True)
+        _pool.run_tasks([task(lo, hi, 0, nblocks, parts[i])
+                         for i, (lo, hi) in enumerate(_pool.split(nitems, plan.chunks))],
+                        threads)
+        np.add.reduce(parts, axis=0, out=dw.reshape(-1))
+    del prob
     return dw

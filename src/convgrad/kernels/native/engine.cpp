@@ -620,10 +620,15 @@ struct Run {
     int64_t n;          // positions
 };
 
-// panel[g][blk][p][width] = rows[run p][g*per + blk*width + i] for i < width
-// (0 past ``per`` channels of the group); rows ``step`` floats apart.
+// First channel of tile k when n channels are cut into ``tiles`` near-equal tiles
+// (a tile of 5 beats a lone tile of 4 after ten of 6: more accumulators busy).
+inline int64_t tile_start(int64_t k, int64_t n, int64_t tiles) { return k * n / tiles; }
+
+// panel[g][blk][p][width] = rows[run p][g*per + c0(blk) + i] for i < m(blk) (0 up to
+// width), with blocks of exactly ``width`` channels, or (balanced) near-equal
+// blocks of at most ``width`` (tile_start); rows ``step`` floats apart.
 void pack_panel(float* out, const std::vector<Run>& runs, bool use_x, int64_t np,
-                int64_t step, int64_t G, int64_t per, int width) {
+                int64_t step, int64_t G, int64_t per, int width, bool balanced) {
     const int64_t nblk = (per + width - 1) / width;
     const copy_fn full = copy_of(width);
     int64_t p0 = 0;
@@ -634,8 +639,11 @@ void pack_panel(float* out, const std::vector<Run>& runs, bool use_x, int64_t np
             for (int64_t g = 0; g < G; g++) {
                 for (int64_t b = 0; b < nblk; b++) {
                     float* o = out + ((g * nblk + b) * np + p0 + p) * width;
-                    const float* s = row + g * per + b * width;
-                    const int64_t m = std::min<int64_t>(width, per - b * width);
+                    const int64_t c0 = balanced ? tile_start(b, per, nblk) : b * width;
+                    const int64_t c1 = balanced ? tile_start(b + 1, per, nblk)
+                                                : std::min<int64_t>(per, c0 + width);
+                    const float* s = row + g * per + c0;
+                    const int64_t m = c1 - c0;
                     if (m == width && full) {
                         full(o, s);
                     } else {
@@ -678,10 +686,12 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
 namespace {
 
 // dw[t][g-block tiles] += A^T B over np positions.  A: the x rows, lda floats
-// apart, tile ct of group g at A + g*ag + ct*act; B panel [g][ob][.][NB] with
-// bstride floats per (g, ob).  Blocks of channel tiles whose A rows fit in L2
-// are swept by every output block in turn (the B rows of one block stay in L1).
-void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t ag, int64_t act,
+// apart -- channel tile ct of group g at channel g*cg + c0(ct) of the rows as they
+// are (astripe == 0), or at stripe (g*nct + ct)*astripe of a packed panel; B panel
+// [g][ob][.][NB] with bstride floats per (g, ob).  Channel tiles are near-equal
+// (tile_start).  Blocks of channel tiles whose A rows fit in L2 are swept by every
+// output block in turn (the B rows of one block stay in L1).
+void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astripe,
                 const float* B, int64_t bstride, int64_t np, float* dwt, int64_t oblo,
                 int64_t obhi) {
     const int64_t G = P->groups, cg = P->C / G, og = P->O / G;
@@ -692,16 +702,18 @@ void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t ag, 
     for (int64_t obg = oblo; obg < obhi;) {
         const int64_t g = obg / nob;
         const int64_t gend = std::min(obhi, (g + 1) * nob);
-        for (int64_t c0 = 0; c0 < nct; c0 += block) {
-            const int64_t c1 = std::min(nct, c0 + block);
+        for (int64_t k0 = 0; k0 < nct; k0 += block) {
+            const int64_t k1 = std::min(nct, k0 + block);
             for (int64_t k = obg; k < gend; k++) {
                 const int64_t ob = k % nob;
                 const int nvalid = (int)std::min<int64_t>(NB, og - ob * NB);
                 const float* b = B + (g * nob + ob) * bstride;
-                for (int64_t ct = c0; ct < c1; ct++) {
-                    const int m = (int)std::min<int64_t>(mr, cg - ct * mr);
-                    fns[m - 1](np, A + g * ag + ct * act, lda, b,
-                               dwt + ct * mr * P->O + g * og + ob * NB, P->O, m, nvalid);
+                for (int64_t ct = k0; ct < k1; ct++) {
+                    const int64_t c0 = tile_start(ct, cg, nct);
+                    const int m = (int)(tile_start(ct + 1, cg, nct) - c0);
+                    const float* a = astripe ? A + (g * nct + ct) * astripe : A + g * cg + c0;
+                    fns[m - 1](np, a, lda, b, dwt + c0 * P->O + g * og + ob * NB, P->O, m,
+                               nvalid);
                 }
             }
         }
@@ -866,15 +878,15 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
                                     std::max(vhi, b + q) - std::min(vlo, a + q) <= pc + XHALO;
                                 if (ng > 0 && !fits) {
                                     if (!packed_b) {
-                                        pack_panel(Bfull, full_runs, false, np, ypix, G, og, NB);
+                                        pack_panel(Bfull, full_runs, false, np, ypix, G, og, NB, false);
                                         packed_b = true;
                                     }
                                     const float* xa = xrow(n, dd, hh, vlo * sw + gr);
                                     for (int j = 0; j < ng; j++) {
                                         const GroupTap& gt = gtaps[j];
                                         const int64_t t = (kd * P->K[1] + kh) * Kw + gt.kw;
-                                        wgrad_gemm(P, xa + (gt.a + gt.q - vlo) * xstep, xstep,
-                                                   cg, mr, Bfull + (gt.a - w0) * NB, np * NB,
+                                        wgrad_gemm(P, xa + (gt.a + gt.q - vlo) * xstep, xstep, 0,
+                                                   Bfull + (gt.a - w0) * NB, np * NB,
                                                    gt.b - gt.a, dw + t * cg * P->O, oblo, obhi);
                                     }
                                     ng = 0;
@@ -934,20 +946,19 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
                     np += b - a;
                 }
                 if (np == 0) continue;
-                pack_panel(A, runs, true, np, xstep, G, cg, mr);
+                pack_panel(A, runs, true, np, xstep, G, cg, mr, true);
                 const float* B;
                 if (all) {
                     if (!full_packed) {
-                        pack_panel(Bfull, full_runs, false, np, ypix, G, og, NB);
+                        pack_panel(Bfull, full_runs, false, np, ypix, G, og, NB, false);
                         full_packed = true;
                     }
                     B = Bfull;
                 } else {
-                    pack_panel(Btap, runs, false, np, ypix, G, og, NB);
+                    pack_panel(Btap, runs, false, np, ypix, G, og, NB, false);
                     B = Btap;
                 }
-                wgrad_gemm(P, A, mr, nct * np * mr, np * mr, B, np * NB, np,
-                           dw + t * cg * P->O, oblo, obhi);
+                wgrad_gemm(P, A, mr, np * mr, B, np * NB, np, dw + t * cg * P->O, oblo, obhi);
             }
         }
     }
