@@ -515,44 +515,57 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
 
 namespace {
 
-template <int MR, int NV>
-void gemm_tile(int64_t np, const float* A, int64_t lda, const float* B, float* C, int64_t ldc,
-               int m, int nvalid) {
+// C[i][k*NB + j] += sum_p A[p*lda + i] * B_k[p*NB + j] for MR rows i and BK blocks
+// k of B (B_k = B + k*bstride); nvalid counts the valid columns of all blocks.
+template <int MR, int NV, int BK>
+void gemm_tile(int64_t np, const float* A, int64_t lda, const float* B, int64_t bstride,
+               float* C, int64_t ldc, int nvalid) {
     constexpr int NB = NV * VL;
-    vf acc[MR][NV];
+    vf acc[MR][BK][NV];
 #pragma GCC unroll 64
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; v++) acc[i][v] = zero();
-    for (int64_t p = 0; p < np; p++) {
-        vf b[NV];
+        for (int k = 0; k < BK; k++)
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; v++) b[v] = load(B + p * NB + v * VL);
+            for (int v = 0; v < NV; v++) acc[i][k][v] = zero();
+    for (int64_t p = 0; p < np; p++) {
+        vf b[BK][NV];
+#pragma GCC unroll 8
+        for (int k = 0; k < BK; k++)
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++) b[k][v] = load(B + k * bstride + p * NB + v * VL);
 #pragma GCC unroll 64
         for (int i = 0; i < MR; i++) {
             vf s = bcast(A[p * lda + i]);
 #pragma GCC unroll 8
-            for (int v = 0; v < NV; v++) acc[i][v] += s * b[v];
+            for (int k = 0; k < BK; k++)
+#pragma GCC unroll 8
+                for (int v = 0; v < NV; v++) acc[i][k][v] += s * b[k][v];
         }
     }
-    if (m == MR && nvalid == NB) {
+    if (nvalid == BK * NB) {
 #pragma GCC unroll 64
         for (int i = 0; i < MR; i++)
 #pragma GCC unroll 8
-            for (int v = 0; v < NV; v++)
-                store(C + i * ldc + v * VL, load(C + i * ldc + v * VL) + acc[i][v]);
+            for (int k = 0; k < BK; k++)
+#pragma GCC unroll 8
+                for (int v = 0; v < NV; v++) {
+                    float* c = C + i * ldc + k * NB + v * VL;
+                    store(c, load(c) + acc[i][k][v]);
+                }
         return;
     }
-    for (int i = 0; i < m; i++)
-        for (int v = 0; v < NV; v++) {
-            const int n = nvalid - v * VL;
-            float* c = C + i * ldc + v * VL;
-            if (n >= VL) store(c, load(c) + acc[i][v]);
-            else if (n > 0) store_n(c, load_n(c, n) + acc[i][v], n);
-        }
+    for (int i = 0; i < MR; i++)
+        for (int k = 0; k < BK; k++)
+            for (int v = 0; v < NV; v++) {
+                const int n = nvalid - k * NB - v * VL;
+                float* c = C + i * ldc + k * NB + v * VL;
+                if (n >= VL) store(c, load(c) + acc[i][k][v]);
+                else if (n > 0) store_n(c, load_n(c, n) + acc[i][k][v], n);
+            }
 }
 
-typedef void (*gemm_fn)(int64_t, const float*, int64_t, const float*, float*, int64_t, int,
+typedef void (*gemm_fn)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t,
                         int);
 
 #if CG_VL == 16
@@ -561,15 +574,31 @@ constexpr int WG_MR[5] = {0, 24, 14, 9, 6};
 constexpr int WG_MR[5] = {0, 12, 6, 4, 3};
 #endif
 
-template <int NV, int... I>
-constexpr auto gemm_fns_impl(std::integer_sequence<int, I...>) {
-    return std::array<gemm_fn, sizeof...(I)>{&gemm_tile<I + 1, NV>...};
+// Blocks of B a tile of m rows takes at once: few rows (few input channels per
+// group) still keep enough independent accumulators.
+constexpr int gemm_blocks(int m, int nv) {
+    int b = ACC / (m * nv);
+    return b < 1 ? 1 : (b > BMAX ? BMAX : b);
 }
 
-// fns[m - 1]: the tile of m <= WG_MR[nv] input channels.
+template <int NV, int K>
+constexpr gemm_fn gemm_pick() {
+    constexpr int M = K / BMAX + 1, B = K % BMAX + 1;
+    if constexpr (B <= gemm_blocks(M, NV)) return &gemm_tile<M, NV, B>;
+    else return nullptr;
+}
+
+template <int NV, int... K>
+constexpr auto gemm_fns_impl(std::integer_sequence<int, K...>) {
+    return std::array<gemm_fn, sizeof...(K)>{gemm_pick<NV, K>()...};
+}
+
+// fns[(m - 1) * BMAX + (bk - 1)]: the tile of m <= WG_MR[nv] input channels and bk
+// blocks of output channels.
 template <int NV>
 const gemm_fn* gemm_fns() {
-    static const auto table = gemm_fns_impl<NV>(std::make_integer_sequence<int, WG_MR[NV]>{});
+    static const auto table =
+        gemm_fns_impl<NV>(std::make_integer_sequence<int, WG_MR[NV] * BMAX>{});
     return table.data();
 }
 
@@ -704,17 +733,26 @@ void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astr
         const int64_t gend = std::min(obhi, (g + 1) * nob);
         for (int64_t k0 = 0; k0 < nct; k0 += block) {
             const int64_t k1 = std::min(nct, k0 + block);
-            for (int64_t k = obg; k < gend; k++) {
+            for (int64_t k = obg; k < gend;) {
                 const int64_t ob = k % nob;
-                const int nvalid = (int)std::min<int64_t>(NB, og - ob * NB);
+                const int64_t mmax = (cg + nct - 1) / nct;            // widest tile
+                const int bk = (int)std::min<int64_t>(gemm_blocks((int)mmax, nv), gend - k);
+                const int nvalid = (int)std::min<int64_t>(bk * NB, og - ob * NB);
                 const float* b = B + (g * nob + ob) * bstride;
                 for (int64_t ct = k0; ct < k1; ct++) {
                     const int64_t c0 = tile_start(ct, cg, nct);
                     const int m = (int)(tile_start(ct + 1, cg, nct) - c0);
+                    const int bm = std::min(bk, gemm_blocks(m, nv));
                     const float* a = astripe ? A + (g * nct + ct) * astripe : A + g * cg + c0;
-                    fns[m - 1](np, a, lda, b, dwt + c0 * P->O + g * og + ob * NB, P->O, m,
-                               nvalid);
+                    for (int j = 0; j < bk; j += bm) {
+                        const int bj = std::min(bm, bk - j);
+                        const int nv_j = (int)std::min<int64_t>(bj * NB, nvalid - j * NB);
+                        fns[(m - 1) * BMAX + (bj - 1)](
+                            np, a, lda, b + j * bstride, bstride,
+                            dwt + c0 * P->O + g * og + (ob + j) * NB, P->O, nv_j);
+                    }
                 }
+                k += bk;
             }
         }
         obg = gend;
