@@ -351,6 +351,7 @@ def fwd(x, w, geom: ConvGeometry):
             grid = scratch("out", (nb, *extents, OC), cdt, zero=False)
             _gather(inputs, tl, grid.reshape(-1, OC), _last_row(nb, extents, geom.out_sizes), G)
             y[n0:n1] = grid[(slice(None), *(slice(0, m) for m in geom.out_sizes))]
+        inputs = grid = None        # free fresh copies before the next block makes its own
     return y
 
 
@@ -376,6 +377,7 @@ def wgrad(x, dy, geom: ConvGeometry):
             _wgrad_core(inputs, tl, dyg, P, G, part)
         if part is not dw:
             dw += part
+        inputs = dyg = None         # free fresh copies before the next block makes its own
     return result
 
 
@@ -440,4 +442,5 @@ def dgrad(w, dy, geom: ConvGeometry):
                 _gather([dyg], tl, grid.reshape(-1, C), _last_row(nb, extents, last), G)
                 dx[(slice(n0, n1), *(s_[1] for s_ in sel))] = \
                     grid[(slice(None), *(s_[0] for s_ in sel))]
+        dyg = grid = None           # free fresh copies before the next block makes its own
     return dx
