@@ -133,8 +133,9 @@ def _function(path: str):
     return fn
 
 
-class _Spy:
-    """Records the kernel ``ops.compute`` selects, its call and its estimate."""
+class KernelSpy:
+    """Within the block, records each kernel ``ops.compute`` selects, with its
+    estimate and the call: ``seen`` is a list of (name, estimate, call)."""
 
     def __init__(self):
         from .. import kernels
@@ -188,7 +189,7 @@ def _measure_in_child(case: Case, algo: str) -> dict:
         del out
         gc.collect()
         baseline = reset_process_peak()
-        with _Spy() as spy:
+        with KernelSpy() as spy:
             t0 = time.perf_counter()
             out = fn(**arrays, **case.kwargs)
             seconds = time.perf_counter() - t0
