@@ -192,6 +192,27 @@ def test_a_result_the_caller_copies_counts_against_the_budget():
                               call=_call("fwd", geom, "nxc")).name == "shifted"
 
 
+def test_a_kernel_without_an_estimate_is_charged_the_copies_of_its_layout():
+    """A new kernel registered without ``memory`` still has its layout and
+    dtype copies counted (``kernels.conversions``); the call is described
+    from the caller's actual views (``ops.describe``)."""
+    geom = make_geometry("test", n=2, c=4, o=6, groups=2, in_sizes=(5, 5), kernel=(3, 3),
+                         out_sizes=(5, 5), strides=(1, 1), dilations=(1, 1),
+                         pads_begin=(1, 1), pads_end=(1, 1))
+    x_nxc = np.zeros((2, 5, 5, 4), np.float32)
+    dy_ncx = np.zeros((2, 6, 5, 5), np.float32)
+    call = ops.describe("wgrad", np.moveaxis(x_nxc, -1, 1), dy_ncx, geom, np.float32,
+                        result_layouts={"ncx"})
+    assert call.a.layouts == {"nxc"} and call.b.layouts == {"ncx"}
+    bare = kernels.Kernel("bare", "wgrad", lambda *a: None, lambda g, d: None, 0, "nxc")
+    assert kernels.estimate(bare, call) == {"copy of dy": dy_ncx.nbytes,
+                                            "dw before the caller's copy": 6 * 2 * 9 * 4}
+    half = ops.describe("wgrad", np.moveaxis(x_nxc, -1, 1).astype(np.float16),
+                        dy_ncx.astype(np.float16), geom, np.float16)
+    assert kernels.estimate(bare, half) == {"copy of x": x_nxc.nbytes, "copy of dy": dy_ncx.nbytes,
+                                            "dw before the caller's copy": 6 * 2 * 9 * 4}
+
+
 def test_float16_inputs_are_converted_whole_within_half_the_budget():
     geom = make_geometry("test", n=4, c=16, o=16, groups=1, in_sizes=(32, 32), kernel=(3, 3),
                          out_sizes=(32, 32), strides=(1, 1), dilations=(1, 1),
