@@ -54,6 +54,21 @@ def isa() -> str:
     return _isa.get()
 
 
+@contextlib.contextmanager
+def workspace_fixed():
+    """Within the block, a default budget is read once (one ``MemAvailable``
+    reading), so that the kernel chosen for a call and the kernel running it
+    see the same budget; a budget set with :func:`config` stays as it is."""
+    if _workspace.get() is not None:
+        yield
+        return
+    token = _workspace.set(default_workspace_bytes())
+    try:
+        yield
+    finally:
+        _workspace.reset(token)
+
+
 def threads() -> int | None:
     """The thread count set with ``config(threads=...)``, None for the default.
     Kernels that run thread pools of their own use at most this many threads."""

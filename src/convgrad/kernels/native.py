@@ -68,6 +68,7 @@ SERIAL_FLOPS = 2**21
 # weight panels an item sweeps at once (kept in L2).
 PACK_BYTES = 1 * 2**20
 CORR_ITEM_BYTES = 512 * 2**10
+CORR_OUT_BYTES = 1 * 2**20
 CORR_WEIGHT_BYTES = 256 * 2**10
 CORR_L1_WEIGHT_BYTES = 0        # (measured no gain yet; see docs/kernels.md)
 # corr: float32 weights with unit output-channel stride and whole blocks are read
@@ -287,6 +288,61 @@ def supports(geom: ConvGeometry, dtype) -> str | None:
     return None
 
 
+def workspace(geom: ConvGeometry, op: str) -> dict[str, int]:
+    """An upper bound of the engine's temporary memory for one call, by part: the
+    per-thread scratch (converted input lines, channels-first output lines, weight
+    gradient panels; reused across calls), the packed weights, the partial weight
+    gradients.  Nothing is proportional to a whole data tensor."""
+    threads = _threads(geom.flops)
+    eng = engine() if available() is None else None
+    vl = eng.vl if eng else 8
+    G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
+    T = math.prod(geom.kernel)
+    k3, s3 = _pad3(geom.kernel, 1), _pad3(geom.strides, 1)
+    if op in ("fwd", "dgrad"):
+        cin, cout = (geom.c, geom.o) if op == "fwd" else (geom.o, geom.c)
+        lin = _pad3(geom.in_sizes if op == "fwd" else geom.out_sizes, 1)
+        uw = _pad3(geom.out_sizes if op == "fwd" else geom.in_sizes, 1)[2]
+        # at least one output line's input rows and output row, whatever the budgets
+        rows = k3[0] * k3[1] * lin[2] * cin * 4
+        per_thread = max(PACK_BYTES, rows) + max(CORR_OUT_BYTES, uw * cout * 4)
+        nb = _nv_for(cout // G, vl) * vl
+        panels = G * -(-(cout // G) // nb) * nb * T * (cin // G) * 4
+        return {"per-thread scratch": threads * per_thread, "weight panels": panels}
+    nv = _nv_for(og, vl)
+    nb, mr = nv * vl, (eng.mr_of if eng else (12, 6, 4, 3))[nv - 1]
+    apad, bpad = G * -(-cg // mr) * mr, G * -(-og // nb) * nb
+    plan_chunk = WGRAD_MAX_CHUNK
+    l3, m3 = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)
+    band = max(1, -(-plan_chunk // max(1, m3[2])))
+    lines = ((band * s3[1] + k3[1]) * k3[0] * l3[2] * geom.c + band * m3[2] * geom.o) * 4
+    per_thread = 4 * ((plan_chunk + 64) * apad + 2 * plan_chunk * bpad) + lines
+    dw = 4 * T * cg * geom.o
+    chunks = max(1, min(geom.n * m3[0] * m3[1], WGRAD_CHUNKS))
+    parts = {"per-thread scratch": threads * per_thread}
+    if dw * chunks <= PARTIALS_BYTES:
+        parts["partial weight gradients"] = dw * chunks
+    return parts
+
+
+def memory(call) -> dict[str, int]:
+    """The registry's memory estimate (kernels.Call): no input copies (inputs are
+    read in place or converted a block of lines at a time), the float32 result
+    when the caller keeps another (a float16/bfloat16 call, or another layout),
+    and :func:`workspace`."""
+    from . import ROLES
+    parts = {}
+    if call.op == "wgrad":
+        layout = "nxc"
+    else:
+        data = call.a if call.op == "fwd" else call.b
+        layout = "nxc" if "nxc" in data.layouts or "ncx" not in data.layouts else "ncx"
+    if call.out.dtype != np.float32 or layout not in call.out.layouts:
+        parts[f"{ROLES[call.op][2]} before the caller's copy"] = call.out.size * 4
+    parts.update(workspace(call.geom, call.op))
+    return parts
+
+
 def _threads(flops: int) -> int:
     n = settings.threads()
     n = cpu_count() if n is None else n
@@ -417,7 +473,7 @@ def _corr_taps(geom: ConvGeometry, kind: str):
 
 @functools.lru_cache(maxsize=256)
 def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: int,
-              packed: bool) -> CorrPlan:
+              packed: bool, out_buffered: bool) -> CorrPlan:
     """The work decomposition of a forward or data gradient call (pure, cached)."""
     G = geom.groups
     if kind == "fwd":
@@ -439,7 +495,8 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: i
         1, min(-(-(cout // G) // nb), CORR_WEIGHT_BYTES // max(1, panel_bytes)))
     # work items: ranges of output lines of one phase (lines numbered over n, d, h):
     # several per thread; an item's input rows stay in cache (and, when they are
-    # converted, in the per-thread scratch)
+    # converted, in the per-thread scratch), its output rows too when they are
+    # computed into a buffer (channels-first results)
     total = sum(int(p[3] * p[4]) for p in ph) * n
     line_bytes = lin[2] * cin * 4
     budget = PACK_BYTES if packed else CORR_ITEM_BYTES
@@ -448,8 +505,10 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: i
         lines = n * int(p[3] * p[4])
         rows_h = len(set(t4[p[6]:p[7], 1].tolist())) or 1
         rows_d = len(set(t4[p[6]:p[7], 0].tolist())) or 1
+        out_line = int(p[5]) * cout * 4 if out_buffered else 0
         band = max(1, total // (4 * threads))
-        while band > 1 and rows_d * (band * istep[1] + rows_h) * line_bytes > budget:
+        while band > 1 and (rows_d * (band * istep[1] + rows_h) * line_bytes > budget
+                            or band * out_line > CORR_OUT_BYTES):
             band = max(1, band // 2)
         items += [(k, lo, min(lines, lo + band)) for lo in range(0, lines, band)]
     plan = CorrPlan(n, lin, cin, cout, G, istep, ostep, ph, t4, ntap_w, nv, rmax_of[nv - 1],
@@ -499,7 +558,8 @@ def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry) -> np.ndarray:
         y[...] = 0
         return y
     threads = _threads(geom.flops)
-    plan = corr_plan(geom, "fwd", eng.vl, eng.rmax_of, threads, _is_packed(x))
+    plan = corr_plan(geom, "fwd", eng.vl, eng.rmax_of, threads, _is_packed(x),
+                     y.strides[-1] != y.itemsize)
     w3 = _weights_2d(w)
     es = w3.itemsize
     weights = _weights(eng, w3, cg, og, w3.strides[1] // es, w3.strides[2] // es,
@@ -520,7 +580,8 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
         dx[...] = 0
         return dx
     threads = _threads(geom.flops)
-    plan = corr_plan(geom, "dgrad", eng.vl, eng.rmax_of, threads, _is_packed(dy))
+    plan = corr_plan(geom, "dgrad", eng.vl, eng.rmax_of, threads, _is_packed(dy),
+                     dx.strides[-1] != dx.itemsize)
     w3 = _weights_2d(w)
     es = w3.itemsize
     # panel rows: dy channels o of the group; columns: dx channels c of the group
