@@ -189,10 +189,17 @@ def test_a_result_the_caller_copies_counts_against_the_budget():
     assert parts["y before the caller's copy"] == 8 * 64 * 32 * 32 * 4
     assert not any(k.startswith("copy of") for k in parts)
     assert "y before the caller's copy" not in kernels.estimate(shifted, _call("fwd", geom, "nxc"))
+    from convgrad.kernels import native
+    nxc = _call("fwd", geom, "nxc")
     with convgrad.config(workspace_bytes=2 * 2**20):
-        assert kernels.select("fwd", geom, np.float32, call=ncx).name == "im2col"
-        assert kernels.select("fwd", geom, np.float32,
-                              call=_call("fwd", geom, "nxc")).name == "shifted"
+        assert sum(kernels.estimate(shifted, ncx).values()) > 2 * 2**20
+        assert sum(kernels.estimate(shifted, nxc).values()) <= 2 * 2**20
+        if native.available() is None:     # preferred, and no copy for either caller
+            assert kernels.select("fwd", geom, np.float32, call=ncx).name == "native"
+            assert kernels.select("fwd", geom, np.float32, call=nxc).name == "native"
+        else:
+            assert kernels.select("fwd", geom, np.float32, call=ncx).name == "im2col"
+            assert kernels.select("fwd", geom, np.float32, call=nxc).name == "shifted"
 
 
 def test_a_kernel_without_an_estimate_is_charged_the_copies_of_its_layout():

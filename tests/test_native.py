@@ -339,3 +339,60 @@ def test_weights_read_in_place_or_packed_agree(isa, groups, rng, monkeypatch):
     args = dict(strides=case["strides"], dilations=case["dilations"],
                 pads_begin=case["pads_begin"], groups=groups)
     assert_close(got[True][0], naive.forward(x, w, case["out_sizes"], **args), np.float32)
+
+
+# -- results stored as float16 / bfloat16 ------------------------------------------------
+
+def _rounding_inputs():
+    """float32 values around every float16/bfloat16 rounding boundary: ties, the
+    largest finite values, subnormals, zeros, infinities, NaNs, random bits."""
+    rng = np.random.default_rng(7)
+    bits = [rng.integers(0, 2**32, 2**20, dtype=np.uint64).astype(np.uint32)]
+    for half_bits in (np.arange(2**16, dtype=np.uint32) << 16,                 # bf16 grid
+                      np.arange(2**16, dtype=np.uint16).view(np.float16)
+                      .astype(np.float32).view(np.uint32)):                      # f16 grid
+        for delta in (-2, -1, 0, 1, 2, 0x1000, 0x0FFF, 0x1001, 0x8000, 0x7FFF, 0x8001):
+            bits.append((half_bits.astype(np.int64) + delta).astype(np.uint32))
+    x = np.concatenate(bits).view(np.float32)
+    return np.concatenate([x, np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 65504,
+                                        65519.996, 65520, 2.0**-24, 2.0**-25, 2.0**-26,
+                                        3 * 2.0**-26], np.float32)])
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["f16", "bf16"])
+def test_results_stored_in_16_bits_round_like_numpy(isa, dtype):
+    eng = native._ENGINES[isa]
+    x = _rounding_inputs()
+    got = np.empty(x.size, dtype)
+    eng.lib.cg_store_floats(got.ctypes.data, native.DTYPE_CODES[np.dtype(dtype)],
+                            x.ctypes.data, x.size)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.astype(dtype)
+    same = got.view(np.uint16) == want.view(np.uint16)
+    nan = np.isnan(x)
+    assert same[~nan].all(), x[~nan][~same[~nan]][:10]
+    assert np.isnan(got[nan].astype(np.float32)).all()       # NaN stays NaN, sign kept
+    assert (np.signbit(got[nan].astype(np.float32)) == np.signbit(x[nan])).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["NCX", "NXC"])
+def test_16_bit_calls_round_their_result_once_where_it_is_stored(dtype, channels_last, rng):
+    """A float16/bfloat16 forward or data gradient comes back from the engine in its
+    own dtype: the float32 sums rounded once, bit for bit NumPy's cast of the
+    float32 result (and no float32 result in between)."""
+    case = _geometry(2, c=24, o=40, size=21, k=3, s=2)
+    x, w, dy = make_arrays(case, rng, dtype, channels_last)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    geom = convgrad.geometry.make_geometry("t", **case)
+    from convgrad import ops
+    with convgrad.config(algo="native"):
+        for kind, a, b in (("fwd", x, w), ("dgrad", w, dy)):
+            direct = ops.compute(kind, a, b, geom, np.dtype(dtype), result_in_dtype=True)
+            wide = ops.compute(kind, a, b, geom, np.dtype(dtype))
+            assert direct.dtype == np.dtype(dtype) and wide.dtype == np.float32
+            np.testing.assert_array_equal(direct.view(np.uint16),
+                                          wide.astype(dtype).view(np.uint16))
+        y = convgrad.conv_forward(x, w, **kw)
+    assert y.dtype == np.dtype(dtype) and y.flags.c_contiguous

@@ -26,7 +26,8 @@ from .geometry import ConvGeometry
 
 
 def compute(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
-            dtype: np.dtype, result_layouts=kernels.ANY_LAYOUT) -> np.ndarray:
+            dtype: np.dtype, result_layouts=kernels.ANY_LAYOUT,
+            result_in_dtype: bool = False) -> np.ndarray:
     """Run one canonical op on canonical views ``a``, ``b`` of dtype ``dtype``.
 
     ``kind`` is ``"fwd"`` (a=x, b=w), ``"wgrad"`` (a=x, b=dy) or ``"dgrad"``
@@ -36,22 +37,29 @@ def compute(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
     dtype.  ``result_layouts``: the kernel layouts (``"ncx"``, ``"nxc"``)
     whose result the caller keeps without copying it (default: any), so
     that the chooser counts the copies a kernel causes (``kernels.select``).
+    ``result_in_dtype``: a float16/bfloat16 forward or data result may come
+    back in ``dtype`` itself, rounded once by a kernel that writes it (the
+    caller then casts nothing).
     """
     cdt = compute_dtype(np.dtype(dtype))
     with settings.workspace_fixed():
-        call = describe(kind, a, b, geom, dtype, result_layouts)
+        call = describe(kind, a, b, geom, dtype, result_layouts, result_in_dtype)
         kernel = kernels.select(kind, geom, cdt, settings.algo(), call=call)
-        return run_kernel(kernel, a, b, geom, cdt)
+        out_dtype = (np.dtype(dtype) if result_in_dtype and kernel.half_io and kind != "wgrad"
+                     and np.dtype(dtype) != cdt and np.dtype(cdt) == np.float32 else None)
+        return run_kernel(kernel, a, b, geom, cdt, out_dtype)
 
 
 def describe(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry, dtype,
-             result_layouts=kernels.ANY_LAYOUT) -> kernels.Call:
+             result_layouts=kernels.ANY_LAYOUT, result_in_dtype: bool = False
+             ) -> kernels.Call:
     """The call as the kernels' memory estimates see it (``kernels.Call``)."""
     wa, wb = _WEIGHT_ARGS[kind]
     out_shape = kernels.canonical_shapes(kind, geom)[2]
     return kernels.Call(kind, geom, compute_dtype(np.dtype(dtype)), operand(a, wa),
                         operand(b, wb),
-                        kernels.Operand(out_shape, np.dtype(dtype), frozenset(result_layouts)))
+                        kernels.Operand(out_shape, np.dtype(dtype), frozenset(result_layouts)),
+                        result_in_dtype)
 
 
 def operand(t: np.ndarray, is_weights: bool) -> kernels.Operand:
@@ -62,8 +70,9 @@ def operand(t: np.ndarray, is_weights: bool) -> kernels.Operand:
 
 
 def run_kernel(kernel: kernels.Kernel, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
-               cdt: np.dtype) -> np.ndarray:
-    """Run one kernel on canonical views, converting to and from its layout."""
+               cdt: np.dtype, out_dtype=None) -> np.ndarray:
+    """Run one kernel on canonical views, converting to and from its layout
+    (``out_dtype``: a half_io kernel's result dtype, see :func:`compute`)."""
     kind = kernel.op
     if kernel.layout == "ncx":
         a, b = _in_compute_dtype(a, cdt), _in_compute_dtype(b, cdt)
@@ -75,8 +84,12 @@ def run_kernel(kernel: kernels.Kernel, a: np.ndarray, b: np.ndarray, geom: ConvG
     a, b = (to_nxc(t, is_w) for t, is_w in zip((a, b), _WEIGHT_ARGS[kind]))
     if not kernel.converts or np.dtype(cdt).kind != "f":
         a, b = _in_compute_dtype(a, cdt), _in_compute_dtype(b, cdt)
-    elif kernel.reads_half:
-        pass                   # the kernel converts float16/bfloat16 blocks itself
+    elif kernel.half_io:
+        # the kernel converts float16/bfloat16 blocks itself, and writes its
+        # result in out_dtype when asked
+        out = kernel.fn(a, b, geom) if out_dtype is None else kernel.fn(
+            a, b, geom, out_dtype=out_dtype)
+        return from_nxc(out, kind == "wgrad")
     else:
         # float16 views: NumPy's float16 cast is slow wherever it happens (also
         # in a kernel's own copies); contiguous ones take the compiled one,

@@ -75,8 +75,11 @@ class Plan:
                  if name in arrays}
         a, b = {"fwd": ("x", "w"), "wgrad": ("x", "dy"), "dgrad": ("w", "dy")}[self.kind]
         memory.admit(self.op, self.kind, canon[a], canon[b], self.geom, dtype)
+        # a float16/bfloat16 result rounded once where it is stored, unless a bias
+        # is still to be added in the compute dtype
         out = ops.compute(self.kind, canon[a], canon[b], self.geom, dtype,
-                          result_layouts=self.result_layouts)
+                          result_layouts=self.result_layouts,
+                          result_in_dtype="bias" not in canon)
         if "bias" in canon:
             bias = canon["bias"].astype(out.dtype)
             out += bias.reshape((1, -1) + (1,) * self.geom.spatial_rank)

@@ -88,6 +88,9 @@ class Call:
     a: Operand
     b: Operand
     out: Operand
+    # a kernel with half_io may return a forward or data result in the caller's
+    # float16/bfloat16 dtype directly (no float32 result, no cast)
+    direct_result: bool = False
 
     @classmethod
     def assumed(cls, op: str, geom: ConvGeometry, cdt) -> "Call":
@@ -113,7 +116,9 @@ class Kernel:
     priority: int
     layout: str = "ncx"
     converts: bool = False   # takes strided views in the caller's float dtype
-    reads_half: bool = False  # ... float16/bfloat16 ones too, as they are
+    # ... float16/bfloat16 ones too, as they are; and fwd/dgrad return their
+    # result in the caller's float16/bfloat16 dtype when asked (fn(..., out_dtype=))
+    half_io: bool = False
     # extra bytes by part (see the module doc); None: conversions() only
     memory: "Callable[[Call], dict[str, int]] | None" = None
 
@@ -271,7 +276,7 @@ def _register_builtin() -> None:
     native.warn_if_unavailable()
     for op in OPS:
         register(Kernel("native", op, getattr(native, op), native.supports, priority=40,
-                        layout="nxc", converts=True, reads_half=True, memory=native.memory))
+                        layout="nxc", converts=True, half_io=True, memory=native.memory))
         register(Kernel("reference", op, getattr(reference, op), _always, priority=0,
                         memory=_reference_memory))
         register(Kernel("im2col", op, getattr(im2col, op), _always, priority=10,

@@ -103,6 +103,7 @@ _F32P = ctypes.c_void_p
 
 class _Corr(ctypes.Structure):
     _fields_ = [("inp", _Tensor), ("out", ctypes.c_void_p), ("ostride", _I64 * 5),
+                ("out_dtype", _I64),
                 ("N", _I64), ("Lin", _I64 * 3), ("Cin", _I64), ("Cout", _I64),
                 ("groups", _I64), ("is_", _I64 * 3), ("os", _I64 * 3),
                 ("phases", ctypes.c_void_p), ("taps", ctypes.c_void_p),
@@ -139,6 +140,7 @@ class Engine:
                 ("cg_pack_panels", None, [vp, i64, i64, i64, i64, i64, i64, i64, i64, i64, vp,
                                           i64, i64]),
                 ("cg_fma_loop", ctypes.c_float, [i64]),
+                ("cg_store_floats", None, [vp, i64, vp, i64]),
                 ("cg_fma_loop_flops", i64, [])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
@@ -288,6 +290,17 @@ def supports(geom: ConvGeometry, dtype) -> str | None:
     return None
 
 
+def _budgets(threads: int) -> tuple[int, int, int, int]:
+    """Per-thread scratch targets (converted input lines, buffered output lines,
+    weight-gradient panels) and the bytes of partial weight gradients: the
+    cache-sized defaults, less when the workspace budget (settings.workspace_bytes)
+    is smaller than they would take."""
+    from .. import settings
+    per = max(64 * 2**10, settings.workspace_bytes() // (2 * max(1, threads)))
+    return (min(PACK_BYTES, per // 2), min(CORR_OUT_BYTES, per // 2),
+            min(WGRAD_PANEL_BYTES, per), min(PARTIALS_BYTES, settings.workspace_bytes() // 4))
+
+
 def workspace(geom: ConvGeometry, op: str) -> dict[str, int]:
     """An upper bound of the engine's temporary memory for one call, by part: the
     per-thread scratch (converted input lines, channels-first output lines, weight
@@ -305,14 +318,16 @@ def workspace(geom: ConvGeometry, op: str) -> dict[str, int]:
         uw = _pad3(geom.out_sizes if op == "fwd" else geom.in_sizes, 1)[2]
         # at least one output line's input rows and output row, whatever the budgets
         rows = k3[0] * k3[1] * lin[2] * cin * 4
-        per_thread = max(PACK_BYTES, rows) + max(CORR_OUT_BYTES, uw * cout * 4)
+        pack, out = _budgets(threads)[:2]
+        per_thread = max(pack, rows) + max(out, uw * cout * 4)
         nb = _nv_for(cout // G, vl) * vl
         panels = G * -(-(cout // G) // nb) * nb * T * (cin // G) * 4
         return {"per-thread scratch": threads * per_thread, "weight panels": panels}
     nv = _nv_for(og, vl)
     nb, mr = nv * vl, (eng.mr_of if eng else (12, 6, 4, 3))[nv - 1]
     apad, bpad = G * -(-cg // mr) * mr, G * -(-og // nb) * nb
-    plan_chunk = WGRAD_MAX_CHUNK
+    per_position = 4 * (apad + bpad)
+    plan_chunk = max(WGRAD_MIN_CHUNK, min(WGRAD_MAX_CHUNK, _budgets(threads)[2] // per_position))
     l3, m3 = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)
     band = max(1, -(-plan_chunk // max(1, m3[2])))
     lines = ((band * s3[1] + k3[1]) * k3[0] * l3[2] * geom.c + band * m3[2] * geom.o) * 4
@@ -320,7 +335,7 @@ def workspace(geom: ConvGeometry, op: str) -> dict[str, int]:
     dw = 4 * T * cg * geom.o
     chunks = max(1, min(geom.n * m3[0] * m3[1], WGRAD_CHUNKS))
     parts = {"per-thread scratch": threads * per_thread}
-    if dw * chunks <= PARTIALS_BYTES:
+    if dw * chunks <= _budgets(threads)[3]:
         parts["partial weight gradients"] = dw * chunks
     return parts
 
@@ -328,8 +343,9 @@ def workspace(geom: ConvGeometry, op: str) -> dict[str, int]:
 def memory(call) -> dict[str, int]:
     """The registry's memory estimate (kernels.Call): no input copies (inputs are
     read in place or converted a block of lines at a time), the float32 result
-    when the caller keeps another (a float16/bfloat16 call, or another layout),
-    and :func:`workspace`."""
+    when the caller keeps another (another layout; a float16/bfloat16 weight
+    gradient, or a data result the call does not take in its own dtype), and
+    :func:`workspace`."""
     from . import ROLES
     parts = {}
     if call.op == "wgrad":
@@ -337,7 +353,8 @@ def memory(call) -> dict[str, int]:
     else:
         data = call.a if call.op == "fwd" else call.b
         layout = "nxc" if "nxc" in data.layouts or "ncx" not in data.layouts else "ncx"
-    if call.out.dtype != np.float32 or layout not in call.out.layouts:
+    direct = call.op != "wgrad" and call.direct_result and call.out.dtype in DTYPE_CODES
+    if (call.out.dtype != np.float32 and not direct) or layout not in call.out.layouts:
         parts[f"{ROLES[call.op][2]} before the caller's copy"] = call.out.size * 4
     parts.update(workspace(call.geom, call.op))
     return parts
@@ -385,15 +402,15 @@ def _nv_for(channels: int, vl: int) -> int:
     return best
 
 
-def _alloc_like(data: np.ndarray, n: int, sizes, channels: int) -> np.ndarray:
-    """A float32 result (N, *sizes, channels) laid out in ``data``'s memory order:
-    channels first in memory when ``data`` is (an NXC view of) an NCX array."""
+def _alloc_like(data: np.ndarray, n: int, sizes, channels: int, dtype=np.float32) -> np.ndarray:
+    """A result (N, *sizes, channels) laid out in ``data``'s memory order: channels
+    first in memory when ``data`` is (an NXC view of) an NCX array."""
     chan_first = data.ndim > 2 and data.shape[-1] > 1 and all(
         data.strides[-1] >= abs(s) for s, m in zip(data.strides[1:-1], data.shape[1:-1])
         if m > 1)
     if chan_first:
-        return np.moveaxis(np.empty((n, channels, *sizes), np.float32), 1, -1)
-    return np.empty((n, *sizes, channels), np.float32)
+        return np.moveaxis(np.empty((n, channels, *sizes), dtype), 1, -1)
+    return np.empty((n, *sizes, channels), dtype)
 
 
 def _weights_2d(w: np.ndarray) -> np.ndarray:
@@ -473,7 +490,7 @@ def _corr_taps(geom: ConvGeometry, kind: str):
 
 @functools.lru_cache(maxsize=256)
 def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: int,
-              packed: bool, out_buffered: bool) -> CorrPlan:
+              packed: bool, out_buffered: bool, budgets: tuple) -> CorrPlan:
     """The work decomposition of a forward or data gradient call (pure, cached)."""
     G = geom.groups
     if kind == "fwd":
@@ -499,7 +516,8 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: i
     # computed into a buffer (channels-first results)
     total = sum(int(p[3] * p[4]) for p in ph) * n
     line_bytes = lin[2] * cin * 4
-    budget = PACK_BYTES if packed else CORR_ITEM_BYTES
+    pack_bytes, out_bytes = budgets[:2]
+    budget = pack_bytes if packed else CORR_ITEM_BYTES
     items = []
     for k, p in enumerate(ph):
         lines = n * int(p[3] * p[4])
@@ -508,7 +526,7 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: i
         out_line = int(p[5]) * cout * 4 if out_buffered else 0
         band = max(1, total // (4 * threads))
         while band > 1 and (rows_d * (band * istep[1] + rows_h) * line_bytes > budget
-                            or band * out_line > CORR_OUT_BYTES):
+                            or band * out_line > out_bytes):
             band = max(1, band // 2)
         items += [(k, lo, min(lines, lo + band)) for lo in range(0, lines, band)]
     plan = CorrPlan(n, lin, cin, cout, G, istep, ostep, ph, t4, ntap_w, nv, rmax_of[nv - 1],
@@ -532,7 +550,8 @@ def _corr(eng: Engine, plan: CorrPlan, inp: np.ndarray, out: np.ndarray, weights
     ostr = [s // out.itemsize for s in out.strides]
     r = out.ndim - 2
     ostr5 = [ostr[0]] + [0] * (3 - r) + ostr[1:]
-    prob = _Corr(_tensor(inp), out.ctypes.data, (_I64 * 5)(*ostr5), plan.n,
+    prob = _Corr(_tensor(inp), out.ctypes.data, (_I64 * 5)(*ostr5), DTYPE_CODES[out.dtype],
+                 plan.n,
                  (_I64 * 3)(*plan.lin), plan.cin, plan.cout, plan.groups,
                  (_I64 * 3)(*plan.istep), (_I64 * 3)(*plan.ostep), plan.phases.ctypes.data,
                  plan.taps.ctypes.data, warr.ctypes.data, wg, wob, wt, wc, plan.ntap_w,
@@ -547,11 +566,12 @@ def _corr(eng: Engine, plan: CorrPlan, inp: np.ndarray, out: np.ndarray, weights
     del prob
 
 
-def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry) -> np.ndarray:
-    """Forward convolution: x (N, *L, C), w (*K, C/G, O) -> y (N, *M, O) float32."""
+def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry, out_dtype=None) -> np.ndarray:
+    """Forward convolution: x (N, *L, C), w (*K, C/G, O) -> y (N, *M, O), float32 or
+    ``out_dtype`` (float16/bfloat16: rounded once, as the result is stored)."""
     eng = engine()
     G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
-    y = _alloc_like(x, geom.n, geom.out_sizes, geom.o)
+    y = _alloc_like(x, geom.n, geom.out_sizes, geom.o, out_dtype or np.float32)
     if y.size == 0:
         return y
     if x.size == 0 or w.size == 0:
@@ -559,7 +579,7 @@ def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry) -> np.ndarray:
         return y
     threads = _threads(geom.flops)
     plan = corr_plan(geom, "fwd", eng.vl, eng.rmax_of, threads, _is_packed(x),
-                     y.strides[-1] != y.itemsize)
+                     _is_packed(y), _budgets(threads))
     w3 = _weights_2d(w)
     es = w3.itemsize
     weights = _weights(eng, w3, cg, og, w3.strides[1] // es, w3.strides[2] // es,
@@ -568,12 +588,12 @@ def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     return y
 
 
-def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
-    """Data gradient: w (*K, C/G, O), dy (N, *M, O) -> dx (N, *L, C) float32, one stride
-    phase at a time (see :func:`_corr_taps`)."""
+def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> np.ndarray:
+    """Data gradient: w (*K, C/G, O), dy (N, *M, O) -> dx (N, *L, C), float32 or
+    ``out_dtype``, one stride phase at a time (see :func:`_corr_taps`)."""
     eng = engine()
     G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
-    dx = _alloc_like(dy, geom.n, geom.in_sizes, geom.c)
+    dx = _alloc_like(dy, geom.n, geom.in_sizes, geom.c, out_dtype or np.float32)
     if dx.size == 0:
         return dx
     if dy.size == 0 or w.size == 0:
@@ -581,7 +601,7 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
         return dx
     threads = _threads(geom.flops)
     plan = corr_plan(geom, "dgrad", eng.vl, eng.rmax_of, threads, _is_packed(dy),
-                     dx.strides[-1] != dx.itemsize)
+                     _is_packed(dx), _budgets(threads))
     w3 = _weights_2d(w)
     es = w3.itemsize
     # panel rows: dy channels o of the group; columns: dx channels c of the group
@@ -637,8 +657,9 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     if dw.size == 0 or x.size == 0 or dy.size == 0:
         return dw
     threads = _threads(geom.flops)
-    plan = wgrad_plan(geom, eng.vl, eng.mr_of, (WGRAD_PANEL_BYTES, WGRAD_MIN_CHUNK,
-                                                WGRAD_MAX_CHUNK, WGRAD_CHUNKS, PARTIALS_BYTES))
+    budgets = _budgets(threads)
+    plan = wgrad_plan(geom, eng.vl, eng.mr_of, (budgets[2], WGRAD_MIN_CHUNK, WGRAD_MAX_CHUNK,
+                                                WGRAD_CHUNKS, budgets[3]))
     nitems, nblocks = len(plan.items), plan.nblocks
     k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
                       _pad3(geom.pads_begin, 0))

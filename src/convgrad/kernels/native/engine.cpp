@@ -221,8 +221,9 @@ extern "C" {
 // The correlation problem (see native.py: CorrProblem, same field order).
 struct CorrProblem {
     Tensor in;                 // n, d, h, w, c: the input of the correlation
-    float* out;                // float32 output
+    void* out;                 // the output, float32 (or float16/bfloat16: out_dtype)
     int64_t ostride[5];        // its strides, n, d, h, w, c (elements)
+    int64_t out_dtype;
     int64_t N, Lin[3], Cin, Cout, groups;
     int64_t is[3];             // input step per output index
     int64_t os[3];             // output step per output index
@@ -306,7 +307,7 @@ struct PixelClass {
 }  // namespace
 
 int64_t cg_corr_scratch(const CorrProblem* P, int64_t lo, int64_t hi) {
-    const bool packed = !direct_f32(P->in), obuf = P->ostride[4] != 1;
+    const bool packed = !direct_f32(P->in), obuf = P->ostride[4] != 1 || P->out_dtype != F32;
     int64_t most = 0;
     std::vector<int64_t> keys;
     for (int64_t it = lo; it < hi; it++) {
@@ -333,9 +334,10 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
     const int64_t bg = std::max<int64_t>(1, P->ob_group);
     const int64_t* os = P->os;
     const int64_t xpix = packed ? P->Cin : P->in.stride[3];
-    // outputs whose channels are not contiguous (NCX callers) are computed into a
-    // channels-last buffer per item and transposed into place line by line
-    const bool obuf = P->ostride[4] != 1;
+    // outputs whose channels are not contiguous (NCX callers) or that are not
+    // float32 are computed into a float32 channels-last buffer per item and
+    // transposed / converted into place line by line
+    const bool obuf = P->ostride[4] != 1 || P->out_dtype != F32;
     const int64_t ochan = obuf ? 1 : P->ostride[4];
 
     std::vector<int64_t> keys;
@@ -376,7 +378,8 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
             LineTaps& L = lines[li];
             L.n = n, L.ud = ud, L.uh = uh;
             L.out = obuf ? outbuf + li * Uw * P->Cout
-                         : P->out + n * P->ostride[0] + (ud * os[0] + ord) * P->ostride[1] +
+                         : (float*)P->out + n * P->ostride[0] +
+                               (ud * os[0] + ord) * P->ostride[1] +
                                (uh * os[1] + orh) * P->ostride[2] + orw * P->ostride[3];
             bps.assign({0, Uw});
             for (int64_t k = 0; k < nt; k++) {
@@ -480,22 +483,29 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
             }
         }
         if (obuf) {
-            // [u][c] line buffers -> the output, 16 channels x 64 pixels at a time
+            // [u][c] line buffers -> the output (its layout and dtype)
             const int64_t ropix = os[2] * P->ostride[3], rochan = P->ostride[4];
+            const int64_t es = P->out_dtype == F32 ? 4 : 2;
+            float tmp[64];
             for (int64_t li = 0; li < nl; li++) {
                 const LineTaps& L = lines[li];
-                float* dst = P->out + L.n * P->ostride[0] +
-                             (L.ud * os[0] + ord) * P->ostride[1] +
-                             (L.uh * os[1] + orh) * P->ostride[2] + orw * P->ostride[3];
-                for (int64_t c0 = 0; c0 < P->Cout; c0 += 16) {
-                    const int64_t cn = std::min<int64_t>(16, P->Cout - c0);
+                char* dst = (char*)P->out +
+                            es * (L.n * P->ostride[0] + (L.ud * os[0] + ord) * P->ostride[1] +
+                                  (L.uh * os[1] + orh) * P->ostride[2] + orw * P->ostride[3]);
+                if (rochan == 1) {
+                    for (int64_t u = 0; u < Uw; u++)
+                        store_run(dst + es * u * ropix, P->out_dtype, 1, L.out + u * P->Cout,
+                                  P->Cout);
+                    continue;
+                }
+                // channels first: 64 pixels of one channel at a time
+                for (int64_t c = 0; c < P->Cout; c++) {
                     for (int64_t u0 = 0; u0 < Uw; u0 += 64) {
                         const int64_t un = std::min<int64_t>(64, Uw - u0);
-                        for (int64_t c = 0; c < cn; c++) {
-                            float* d = dst + (c0 + c) * rochan + u0 * ropix;
-                            const float* s = L.out + u0 * P->Cout + c0 + c;
-                            for (int64_t u = 0; u < un; u++) d[u * ropix] = s[u * P->Cout];
-                        }
+                        const float* s = L.out + u0 * P->Cout + c;
+                        for (int64_t u = 0; u < un; u++) tmp[u] = s[u * P->Cout];
+                        store_run(dst + es * (c * rochan + u0 * ropix), P->out_dtype, ropix, tmp,
+                                  un);
                     }
                 }
             }
@@ -1047,6 +1057,11 @@ float cg_fma_loop(int64_t iters) {
 }
 
 int64_t cg_fma_loop_flops(void) { return 2 * VL * ACC; }
+
+// n floats converted to dtype (float32, float16, bfloat16) as results are stored.
+void cg_store_floats(void* dst, int64_t dtype, const float* src, int64_t n) {
+    store_run(dst, dtype, 1, src, n);
+}
 
 // Bit mask of what this CPU and OS support: 1 avx2, 2 fma, 4 f16c, 8 avx512f,
 // 16 avx512bw, 32 avx512vl, 64 avx512dq.

@@ -119,6 +119,41 @@ static inline float half_to_float(uint16_t h) {
 
 static inline float bf16_to_float(uint16_t h) { return bits_to_float((uint32_t)h << 16); }
 
+// float -> IEEE half, round to nearest even; overflow to infinity; NaN stays a
+// (quiet) NaN with its sign and top payload bits: NumPy's float16 cast.
+static inline uint16_t float_to_half(float f) {
+    const uint32_t b = float_to_bits(f);
+    const uint32_t sign = (b >> 16) & 0x8000u;
+    const uint32_t abs = b & 0x7FFFFFFFu;
+    if (abs >= 0x7F800000u) {                                   // inf or NaN
+        if (abs == 0x7F800000u) return (uint16_t)(sign | 0x7C00u);
+        uint32_t m = (abs & 0x007FFFFFu) >> 13;
+        return (uint16_t)(sign | 0x7C00u | 0x0200u | m);       // quiet NaN
+    }
+    if (abs >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);  // rounds past 65504
+    if (abs < 0x38800000u) {                                    // half subnormal or 0
+        if (abs < 0x33000000u) return (uint16_t)sign;           // below half the least
+        const uint32_t e = abs >> 23;                           // 102 .. 112
+        const uint32_t m = (abs & 0x007FFFFFu) | 0x00800000u;
+        const uint32_t shift = 126 - e;                         // 14 .. 24
+        uint32_t h = m >> shift;
+        const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1u))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((abs >> 13) - (112u << 10));                  // rebias exponent
+    const uint32_t rem = abs & 0x1FFFu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+// float -> bfloat16, round to nearest even; NaN stays a quiet NaN (ml_dtypes).
+static inline uint16_t float_to_bf16(float f) {
+    const uint32_t b = float_to_bits(f);
+    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((b >> 16) | 0x0040u);
+    return (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
 // Element types of the tensors the engine reads (codes shared with native.py).
 enum DType : int64_t { F32 = 0, F16 = 1, BF16 = 2 };
 
@@ -145,6 +180,21 @@ static inline void convert_run(float* dst, const void* src, int64_t dtype, int64
         }
 #endif
         for (; i < n; i++) dst[i] = half_to_float(s[i * sstride]);
+    }
+}
+
+// Store n contiguous floats to dst (element stride dstride) in dtype.
+static inline void store_run(void* dst, int64_t dtype, int64_t dstride, const float* src,
+                             int64_t n) {
+    if (dtype == F32) {
+        float* d = (float*)dst;
+        for (int64_t i = 0; i < n; i++) d[i * dstride] = src[i];
+    } else if (dtype == F16) {
+        uint16_t* d = (uint16_t*)dst;
+        for (int64_t i = 0; i < n; i++) d[i * dstride] = float_to_half(src[i]);
+    } else {
+        uint16_t* d = (uint16_t*)dst;
+        for (int64_t i = 0; i < n; i++) d[i * dstride] = float_to_bf16(src[i]);
     }
 }
 
