@@ -5,7 +5,7 @@ import doctest
 import numpy as np
 import pytest
 
-from convgrad.frontends import onednn, openvino, tf
+from convgrad import onednn, openvino, tf
 
 
 @pytest.mark.parametrize("module", [onednn, openvino, tf], ids=lambda m: m.__name__)

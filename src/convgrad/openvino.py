@@ -16,12 +16,12 @@ Integer dtypes are computed exactly (int64) and saturate to the dtype's range
 
 from __future__ import annotations
 
-from ..errors import fail
-from ..geometry import (conv_out_sizes, make_geometry, openvino_backprop_pads,
-                        resolve_pads, shape_input)
-from ..layouts import NCX, OV_GROUP_WEIGHTS, OV_WEIGHTS
-from ._common import check_equal, conv_attrs, data_shape, make_plan, weights_dims
-from ._plan import spec_op
+from .errors import fail
+from .frontends._common import check_equal, conv_attrs, data_shape, make_plan, weights_dims
+from .frontends._plan import spec_op
+from .geometry import (conv_out_sizes, make_geometry, openvino_backprop_pads, resolve_pads,
+                       shape_input)
+from .layouts import NCX, OV_GROUP_WEIGHTS, OV_WEIGHTS
 
 DIALECT = "openvino"
 

@@ -17,13 +17,13 @@ output_padding must be in ``[0, max(stride, dilation))``.
 
 from __future__ import annotations
 
-from ..geometry import (check_conv_output, check_divisible, conv_out_sizes, make_geometry,
-                        parse_choice, positive_int, resolve_pads, shape_input,
-                        transposed_sizes)
-from ..layouts import CONV_WEIGHTS, CONVT_WEIGHTS, NCX, NXC
-from ._common import (check_bias, check_equal, check_kernel, conv_attrs, data_shape,
-                      make_plan, same_rank, weights_dims)
-from ._plan import spec_op
+from .frontends._common import (check_bias, check_equal, check_kernel, conv_attrs,
+                                data_shape, make_plan, same_rank, weights_dims)
+from .frontends._plan import spec_op
+from .geometry import (check_conv_output, check_divisible, conv_out_sizes, make_geometry,
+                       parse_choice, positive_int, resolve_pads, shape_input,
+                       transposed_sizes)
+from .layouts import CONV_WEIGHTS, CONVT_WEIGHTS, NCX, NXC
 
 DIALECT = "onednn"
 

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import fail
-from ..geometry import (check_conv_output, int_tuple, make_geometry,
-                        resolve_pads, shape_input)
-from ..layouts import NCX, NXC, TF_DEPTHWISE_WEIGHTS, TF_WEIGHTS
-from ._common import (ConvAttrs, check_equal, check_kernel, data_shape, make_plan, same_rank,
-                      weights_dims)
-from ._plan import spec_op
+from .errors import fail
+from .frontends._common import (ConvAttrs, check_equal, check_kernel, data_shape, make_plan,
+                                same_rank, weights_dims)
+from .frontends._plan import spec_op
+from .geometry import check_conv_output, int_tuple, make_geometry, resolve_pads, shape_input
+from .layouts import NCX, NXC, TF_DEPTHWISE_WEIGHTS, TF_WEIGHTS
 
 DIALECT = "tf"
 
