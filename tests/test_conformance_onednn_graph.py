@@ -31,9 +31,10 @@ Each case's expected outcome is written down before it runs (:func:`expect`):
 ``agree``, ``refused`` (a feature the library does not run: the case is
 skipped with the library's own reason -- or, where diff_dst's shape cannot
 carry an output_padding >= stride, with the other shape it answers -- and
-fails if the library computes it after all), or one of the library's three known faults (:data:`FAULTS`),
-marked as strict xfails; for every fault case PyTorch's autograd is asked too,
-and must side with convgrad.  An outcome other than the expected one fails.
+fails if the library computes it after all), or one of the library's three
+known faults (:data:`FAULTS`), marked as strict xfails; for every fault case
+PyTorch's autograd is asked too, and must side with convgrad.  An outcome other
+than the expected one fails.
 """
 
 import os
