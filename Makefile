@@ -11,7 +11,8 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+# setup.py compiles the native engine (src/convgrad/kernels/native/) at install time.
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard src/convgrad/kernels/native/*) | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 
@@ -74,3 +75,4 @@ fuzz-long: install
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
+	rm -f src/convgrad/kernels/_engine_*.so

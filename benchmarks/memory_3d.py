@@ -6,12 +6,15 @@ Reports the process's peak resident set (VmHWM; ru_maxrss agrees) against the
 bytes of the input plus the output (target: <= 1.5x), and checks a sample of
 output values against a direct float64 evaluation of the definition.
 
-Run alone (it needs about 5 GB and both cores), under the shared lock:
+Run alone (it needs about 7 GB with ``--algo direct``, and both cores), under the
+shared lock:
 
-    flock /work/bench.lock .venv/bin/python benchmarks/memory_3d.py [--algo NAME]
+    flock /work/cpu.lock .venv/bin/python benchmarks/memory_3d.py [--algo NAME]
         [--workspace BYTES] [--size L]
 
-``--size`` shrinks the spatial input (L = 224 is the spec example).
+``--size`` shrinks the spatial input (L = 224 is the spec example).  The JSON also
+names the kernel that ran and its memory estimate (``kernels.estimate``).
+The same call at 48^3, with a 4 MiB budget, is a case of tests/test_peak_memory.py.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 import convgrad
 from convgrad import openvino, settings
 from convgrad.bench.cluster import proc_status as status
+from convgrad.bench.peak import KernelSpy
 
 
 def direct(data, filt, point, strides, pads_begin):
@@ -69,7 +73,7 @@ def main() -> int:
     before_hwm = status("VmHWM")
 
     t0 = time.perf_counter()
-    with convgrad.config(algo=args.algo, workspace_bytes=args.workspace):
+    with convgrad.config(algo=args.algo, workspace_bytes=args.workspace), KernelSpy() as spy:
         workspace = settings.workspace_bytes()
         out = openvino.group_convolution_backprop_data(
             data, filt, strides=strides, pads_begin=pads, pads_end=pads)
@@ -95,7 +99,8 @@ def main() -> int:
     result = {
         "example": f"GroupConvolutionBackpropData data 1x20x{L}^3 f32, kernel 4x5x2x3x3x3, "
                    f"s2 p1 -> 1x8x{M}^3",
-        "algo": args.algo, "workspace_bytes": workspace,
+        "algo": args.algo, "kernel": spy.seen[0][0],
+        "estimate_bytes": spy.seen[0][1], "workspace_bytes": workspace,
         "input_bytes": inputs, "output_bytes": out.nbytes,
         "input_plus_output_bytes": payload,
         "baseline_rss_bytes": base_rss, "hwm_before_call_bytes": before_hwm,

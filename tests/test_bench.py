@@ -158,9 +158,12 @@ def test_report_numbers_come_from_the_record(tmp_path):
         for res in e["parties"].values():
             if res.get("status") == "ok":
                 res["ms"] = float(rng.uniform(1, 99))
-        summarize_entry(e, {"gemm": {"gflops": 50.0}, "copy": {"gbps": 10.0}})
+        summarize_entry(e, {"gemm": {"gflops": 50.0}, "copy": {"gbps": 10.0},
+                            "fma": {"gflops": 80.0}})
     record["ceilings"] = {"gemm": {"n": 8, "ms": 1.0, "gflops": 50.0},
-                          "copy": {"bytes": 2**20, "ms": 1.0, "gbps": 10.0}}
+                          "copy": {"bytes": 2**20, "ms": 1.0, "gbps": 10.0},
+                          "fma": {"gflops": 80.0, "threads": 2, "isa": "avx2",
+                                  "runs": [80.0]}}
     record["summary"] = summarize(record)
     paths = write_report(record, tmp_path)
     md = open(paths["markdown"]).read()
@@ -179,7 +182,10 @@ def test_report_numbers_come_from_the_record(tmp_path):
         ratios.append(peer / best)
         assert row["ratio"] == f"{peer / best:.2f}"
         assert row["GFLOP/s"] == f"{e['flops'] / best / 1e6:.1f}"
-        assert row["% GEMM"] == f"{100 * e['flops'] / best / 1e6 / 50.0:.0f}"
+        assert row["% peak"] == f"{100 * e['flops'] / best / 1e6 / 80.0:.0f}"
+        assert row["NXC"] == f"{peer / ms['convgrad NXC/XIO']:.2f}"
+        assert row["NCX"] == f"{peer / ms['convgrad NCX/OIX']:.2f}"
+        assert row["peer % peak"] == f"{100 * e['flops'] / peer / 1e6 / 80.0:.0f}"
         assert "TF" not in row and row["fastest peer"] in ("torch", "torch CL")
     geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
     assert re.search(rf"Geometric mean of \(fastest peer time / convgrad time\): {geo:.3f}\*\*",
@@ -228,6 +234,27 @@ def test_command_line_runs_a_suite(tmp_path, capsys):
     assert bench_main(["--list"]) == 0
     listed = capsys.readouterr().out
     assert all(lay.name in listed for lay in load_suite())
+
+
+def test_scaling_record_and_plot(tmp_path):
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({"layers": TINY[1:2]}))
+    out = tmp_path / "out"
+    assert bench_main(["--suite", str(suite), "--parties", "convgrad", "--repeat", "1",
+                       "--warmup", "0", "--pause", "0", "--no-ceilings", "--no-memory",
+                       "--scaling", "dense_2d:wgrad", "--threads", "2", "--out", str(out)]) == 0
+    rec = json.load(open(out / "benchmark.json"))
+    sc = rec["scaling"]
+    assert sc["layer"] == "dense_2d" and sc["op"] == "wgrad"
+    got = {(p["batch"], p["threads"]) for p in sc["points"] if p["party"] == "convgrad NXC/XIO"}
+    assert got == {(b, t) for b in (1, 2, 4, 8, 16, 32, 64) for t in (1, 2)}
+    lay = Layer.from_dict(TINY[1])
+    for p in sc["points"]:
+        assert p["gflops"] == pytest.approx(lay.flops * p["batch"] / lay.n / p["ms"] / 1e6)
+    md = open(out / "benchmark.md").read()
+    assert "## Scaling: dense_2d wgrad" in md
+    if importlib.util.find_spec("matplotlib"):
+        assert open(out / "scaling.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_convgrad_bench_entry_point(tmp_path):

@@ -62,6 +62,13 @@ class DataLayout:
     def channel_axis(self, rank: int) -> int:
         return rank - 1 if self.channels_last else 1
 
+    def result_layouts(self, canonical) -> frozenset:
+        """The kernel layouts (``"ncx"``, ``"nxc"``) whose result, a canonical
+        ``(N, C, *S)`` array, is C-contiguous in this layout (no copy)."""
+        # spec axis j is canonical axis inverse(perm)[j]: the memory order
+        order = _inverse(self.perm_to_canonical(len(canonical)))
+        return _same_order(order, canonical, weights=False)
+
 
 def _inverse(perm) -> tuple[int, ...]:
     """The inverse permutation, as a tuple of ints (NumPy and Dask arrays
@@ -140,6 +147,39 @@ class WeightLayout:
         """View a canonical (O, Cg, K...) weight in this layout."""
         grouped = a.reshape(self._grouped_shape(a.shape, groups))
         return grouped.transpose(_inverse(self._perm(a.ndim - 2)))
+
+    def result_layouts(self, canonical) -> frozenset:
+        """The kernel layouts (``"ncx"``, ``"nxc"``) whose result, a canonical
+        ``(O, Cg, *K)`` weight, is C-contiguous in this layout (no copy)."""
+        letters = self._letters(len(canonical) - 2)
+        order, k = [], 2
+        for i, r in enumerate(letters):
+            if r == "g":
+                if letters[i + 1:i + 2] != ["o"]:
+                    return frozenset()             # the group axis apart from O's
+            elif r == "o":
+                order.append(0)
+            elif r == "c":
+                order.append(1)
+            else:
+                order.append(k)
+                k += 1
+        if "c" not in self.roles:
+            order.insert(0, 1)                     # Cg = 1 then: anywhere will do
+        return _same_order(tuple(order), canonical, weights=True)
+
+
+def _same_order(order, canonical, *, weights: bool) -> frozenset:
+    """The kernel layouts whose memory order of the canonical axes is
+    ``order`` (outermost first), axes of size 1 aside."""
+    r = len(canonical)
+    kernel = {"ncx": tuple(range(r)),
+              "nxc": (*range(2, r), 1, 0) if weights else (0, *range(2, r), 1)}
+
+    def big(seq):
+        return [i for i in seq if canonical[i] != 1]
+
+    return frozenset(name for name, seq in kernel.items() if big(seq) == big(order))
 
 
 # oneDNN Graph, forward-convolution family.

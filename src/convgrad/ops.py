@@ -26,18 +26,39 @@ from .geometry import ConvGeometry
 
 
 def compute(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
-            dtype: np.dtype) -> np.ndarray:
+            dtype: np.dtype, result_layouts=kernels.ANY_LAYOUT) -> np.ndarray:
     """Run one canonical op on canonical views ``a``, ``b`` of dtype ``dtype``.
 
     ``kind`` is ``"fwd"`` (a=x, b=w), ``"wgrad"`` (a=x, b=dy) or ``"dgrad"``
     (a=w, b=dy).  Inputs are brought into the selected kernel's layout and
     the compute dtype, copied only when they are not already so (never
     modified); the result is a canonical view of a new array in the compute
-    dtype.
+    dtype.  ``result_layouts``: the kernel layouts (``"ncx"``, ``"nxc"``)
+    whose result the caller keeps without copying it (default: any), so
+    that the chooser counts the copies a kernel causes (``kernels.select``).
     """
     cdt = compute_dtype(np.dtype(dtype))
-    kernel = kernels.select(kind, geom, cdt, settings.algo())
-    return run_kernel(kernel, a, b, geom, cdt)
+    with settings.workspace_fixed():
+        call = describe(kind, a, b, geom, dtype, result_layouts)
+        kernel = kernels.select(kind, geom, cdt, settings.algo(), call=call)
+        return run_kernel(kernel, a, b, geom, cdt)
+
+
+def describe(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry, dtype,
+             result_layouts=kernels.ANY_LAYOUT) -> kernels.Call:
+    """The call as the kernels' memory estimates see it (``kernels.Call``)."""
+    wa, wb = _WEIGHT_ARGS[kind]
+    out_shape = kernels.canonical_shapes(kind, geom)[2]
+    return kernels.Call(kind, geom, compute_dtype(np.dtype(dtype)), operand(a, wa),
+                        operand(b, wb),
+                        kernels.Operand(out_shape, np.dtype(dtype), frozenset(result_layouts)))
+
+
+def operand(t: np.ndarray, is_weights: bool) -> kernels.Operand:
+    """A canonical view as an ``Operand``: the layouts that read it without a copy."""
+    layouts = frozenset(name for name, view in (("ncx", t), ("nxc", to_nxc(t, is_weights)))
+                        if view.flags.c_contiguous)
+    return kernels.Operand(tuple(t.shape), t.dtype, layouts)
 
 
 def run_kernel(kernel: kernels.Kernel, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
@@ -49,14 +70,18 @@ def run_kernel(kernel: kernels.Kernel, a: np.ndarray, b: np.ndarray, geom: ConvG
         return kernel.fn(a, b, geom)
     # Channels last: a view of a channels-last caller array is contiguous
     # again here, so NXC/XIO callers pay no layout copy.
+    whole = (kernels.converted_whole(describe(kind, a, b, geom, cdt), "nxc")
+             if kernel.converts else (False, False))
     a, b = (to_nxc(t, is_w) for t, is_w in zip((a, b), _WEIGHT_ARGS[kind]))
     if not kernel.converts or np.dtype(cdt).kind != "f":
         a, b = _in_compute_dtype(a, cdt), _in_compute_dtype(b, cdt)
+    elif kernel.reads_half:
+        pass                   # the kernel converts float16/bfloat16 blocks itself
     else:
         # float16 views: NumPy's float16 cast is slow wherever it happens (also
-        # in a kernel's own copies); a contiguous one takes the compiled one.
-        a, b = (_f16_to_f32(t) if t.dtype == _F16 and t.flags.c_contiguous else t
-                for t in (a, b))
+        # in a kernel's own copies); contiguous ones take the compiled one,
+        # when their float32 copies fit in the budget (kernels.converted_whole)
+        a, b = (_f16_to_f32(t) if w else t for t, w in zip((a, b), whole))
     out = kernel.fn(a, b, geom)
     return from_nxc(out, kind == "wgrad")
 

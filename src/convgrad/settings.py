@@ -24,6 +24,9 @@ FALLBACK_WORKSPACE_BYTES = 512 * 2**20
 _algo = contextvars.ContextVar("convgrad_algo", default="auto")
 _workspace = contextvars.ContextVar("convgrad_workspace", default=None)
 _threads = contextvars.ContextVar("convgrad_threads", default=None)
+_isa = contextvars.ContextVar("convgrad_isa", default="auto")
+
+ISAS = ("auto", "avx512", "avx2", "generic")
 
 
 def algo() -> str:
@@ -47,6 +50,27 @@ def workspace_bytes() -> int:
     return default_workspace_bytes() if value is None else value
 
 
+def isa() -> str:
+    """The build of the native engine to use: ``"auto"`` (the best this CPU runs),
+    ``"avx512"``, ``"avx2"`` or ``"generic"``."""
+    return _isa.get()
+
+
+@contextlib.contextmanager
+def workspace_fixed():
+    """Within the block, a default budget is read once (one ``MemAvailable``
+    reading), so that the kernel chosen for a call and the kernel running it
+    see the same budget; a budget set with :func:`config` stays as it is."""
+    if _workspace.get() is not None:
+        yield
+        return
+    token = _workspace.set(default_workspace_bytes())
+    try:
+        yield
+    finally:
+        _workspace.reset(token)
+
+
 def threads() -> int | None:
     """The thread count set with ``config(threads=...)``, None for the default.
     Kernels that run thread pools of their own use at most this many threads."""
@@ -63,7 +87,7 @@ def _positive_int(name: str, value) -> int:
 
 @contextlib.contextmanager
 def config(*, algo: str | None = None, workspace_bytes: int | None = None,
-           threads: int | None = None):
+           threads: int | None = None, isa: str | None = None):
     """Settings for the calls made inside the block (a context manager).
 
     Parameters
@@ -81,13 +105,19 @@ def config(*, algo: str | None = None, workspace_bytes: int | None = None,
         **process-wide**: while the block runs it also applies to calls from
         other threads, and it is restored when the block exits (do not enter
         ``threads=`` blocks from several threads at once).
+    isa : str, optional
+        The build of the native engine (``"avx512"``, ``"avx2"``, ``"generic"``)
+        or ``"auto"`` (default: the best one this CPU runs); forcing a build
+        the CPU cannot run makes native-kernel calls raise ``ConvGradError``.
+        ``convgrad.kernels.native.info()`` lists what is loaded.
 
     Raises
     ------
     TypeError
         ``algo`` is not a string, or ``threads`` not an integer.
     ValueError
-        ``workspace_bytes`` or ``threads`` is not positive.
+        ``workspace_bytes`` or ``threads`` is not positive, or ``isa`` is not
+        a known build.
 
     Examples
     --------
@@ -106,12 +136,15 @@ def config(*, algo: str | None = None, workspace_bytes: int | None = None,
         workspace_bytes = int(workspace_bytes)
     if threads is not None:
         threads = _positive_int("threads", threads)
+    if isa is not None and isa not in ISAS:
+        raise ValueError(f"isa must be one of {', '.join(map(repr, ISAS))}, got {isa!r}")
     with contextlib.ExitStack() as stack:
         if threads is not None:
             from threadpoolctl import threadpool_limits
             stack.enter_context(threadpool_limits(limits=threads, user_api="blas"))
         tokens = [(var, var.set(value)) for var, value in
-                  ((_algo, algo), (_workspace, workspace_bytes), (_threads, threads))
+                  ((_algo, algo), (_workspace, workspace_bytes), (_threads, threads),
+                   (_isa, isa))
                   if value is not None]
         try:
             yield
@@ -123,7 +156,8 @@ def config(*, algo: str | None = None, workspace_bytes: int | None = None,
 def snapshot() -> dict:
     """The settings of the current context, to re-apply elsewhere with
     :func:`applied` (e.g. in the tasks of a Dask graph built here)."""
-    return {"algo": _algo.get(), "workspace_bytes": _workspace.get(), "threads": _threads.get()}
+    return {"algo": _algo.get(), "workspace_bytes": _workspace.get(), "threads": _threads.get(),
+            "isa": _isa.get()}
 
 
 @contextlib.contextmanager
@@ -132,7 +166,7 @@ def applied(settings: dict):
     only, not :func:`config`'s process-wide BLAS limit, so tasks running
     concurrently in one process may each enter it."""
     pairs = ((_algo, settings.get("algo")), (_workspace, settings.get("workspace_bytes")),
-             (_threads, settings.get("threads")))
+             (_threads, settings.get("threads")), (_isa, settings.get("isa")))
     tokens = [(var, var.set(value)) for var, value in pairs if value is not None]
     try:
         yield

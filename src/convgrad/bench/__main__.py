@@ -38,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="skip the tracemalloc peak-memory call")
     p.add_argument("--no-ceilings", action="store_true",
                    help="skip the GEMM and copy-bandwidth measurements")
+    p.add_argument("--scaling", default="auto", metavar="LAYER:OP",
+                   help="the layer whose GFLOP/s is also measured for batch 1-64 and "
+                        "1..threads threads (default: r50_res2_3x3:dgrad when the suite has "
+                        "it); 'none' skips it")
     p.add_argument("--list", action="store_true", help="list the suite's layers and exit")
     return p
 
@@ -63,13 +67,25 @@ def run_args(args: argparse.Namespace, progress=_print_progress) -> int:
                            dtypes=tuple(args.dtypes), repeat=args.repeat, warmup=args.warmup,
                            threads=args.threads, out_dir=args.out, progress=progress,
                            suite=args.suite, memory=not args.no_memory,
-                           ceilings=not args.no_ceilings, pause=args.pause)
+                           ceilings=not args.no_ceilings, pause=args.pause,
+                           scaling=_scaling(args))
     s = record["summary"]
     if "geomean_ratio" in s:
         print(f"geometric mean of fastest peer / convgrad: {s['geomean_ratio']:.3f} "
               f"over {s['compared']} problems")
     print(f"written to {args.out}/benchmark.{{json,md,png}}")
     return 0
+
+
+def _scaling(args) -> str | None:
+    if args.scaling == "none":
+        return None
+    if args.scaling == "auto":
+        names = {lay.name for lay in load_suite(args.suite)}
+        if args.layers:
+            names &= set(args.layers)
+        return "r50_res2_3x3:dgrad" if "r50_res2_3x3" in names else None
+    return args.scaling
 
 
 def main(argv=None) -> int:

@@ -129,6 +129,18 @@ def gemm_ceiling(n: int = 2048, repeat: int = 5) -> dict:
     return {"n": n, "ms": t * 1e3, "gflops": 2 * n**3 / t / 1e9}
 
 
+def fma_peak(threads: int) -> dict | None:
+    """GFLOP/s of the native engine's loop of independent FMAs on ``threads``
+    threads at once (the physical limit "% of peak" is quoted against); None
+    when the engine is not available."""
+    from ..kernels import native
+    if native.available() is not None:
+        return None
+    from .. import settings
+    with settings.config(threads=threads):
+        return native.fma_peak(threads)
+
+
 def copy_bandwidth(nbytes: int = 256 * 2**20, repeat: int = 5) -> dict:
     """Median GB/s of a NumPy copy of a large float32 array (read + written bytes)."""
     src = np.ones(nbytes // 4, np.float32)
@@ -196,8 +208,9 @@ def machine_info() -> dict:
         affinity = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not on Linux
         affinity = os.cpu_count()
+    from ..kernels import native
     return {"cpu": _cpu_model(), "logical_cpus": os.cpu_count(), "usable_cpus": affinity,
-            "convgrad_commit": _git_commit(),
+            "convgrad_commit": _git_commit(), "native_engine": native.info(),
             "platform": platform.platform(), "python": platform.python_version(),
             "versions": versions, "blas": _blas_info()}
 
@@ -365,15 +378,23 @@ def summarize_entry(entry: dict, ceilings: dict) -> None:
     entry["ratio"] = (peers[fastest] / cg[best]) if best and fastest else None
     gemm = ceilings.get("gemm", {}).get("gflops")
     bw = ceilings.get("copy", {}).get("gbps")
+    peak = (ceilings.get("fma") or {}).get("gflops")
+    # per caller layout: convgrad NXC and NCX each against the fastest peer
+    for name, t in cg.items():
+        key = "ncx" if "NCX" in name else "nxc"
+        if fastest:
+            entry[f"ratio_{key}"] = peers[fastest] / t
     if best:
         gf = entry["flops"] / (cg[best] / 1e3) / 1e9
         entry["convgrad_gflops"] = gf
         entry["gemm_fraction"] = gf / gemm if gemm else None
+        entry["peak_fraction"] = gf / peak if peak else None
         gbps = entry["io_bytes"] / (cg[best] / 1e3) / 1e9
         entry["convgrad_gbps"] = gbps
         entry["bandwidth_fraction"] = gbps / bw if bw else None
     if fastest:
         entry["fastest_peer_gflops"] = entry["flops"] / (peers[fastest] / 1e3) / 1e9
+        entry["peer_peak_fraction"] = entry["fastest_peer_gflops"] / peak if peak else None
     entry["dtype_ratio"] = {}
     for dt in ("float16", "bfloat16"):
         names = {n: t for n, t in timed.items() if not parties[n]["peer"]
@@ -392,6 +413,11 @@ def summarize(record: dict) -> dict:
         out["min_ratio"] = min(ratios)
         out["max_ratio"] = max(ratios)
         out["at_least_1"] = sum(r >= 1.0 for r in ratios)
+    for key in ("nxc", "ncx"):
+        rs = [e[f"ratio_{key}"] for e in record["results"] if e.get(f"ratio_{key}")]
+        if rs:
+            out[f"geomean_ratio_{key}"] = math.exp(sum(math.log(r) for r in rs) / len(rs))
+            out[f"min_ratio_{key}"] = min(rs)
     for dt in ("float16", "bfloat16"):
         rs = [e["dtype_ratio"][dt] for e in record["results"] if dt in e.get("dtype_ratio", {})]
         if rs:
@@ -417,7 +443,8 @@ def _dump_partial(record: dict, out_dir) -> None:
 def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repeat: int = 7,
                   warmup: int = 1, threads: int = 2, out_dir="benchmarks/results",
                   progress=None, *, suite=None, seed: int = 0, memory: bool = True,
-                  ceilings: bool = True, pause: float = 0.15) -> dict:
+                  ceilings: bool = True, pause: float = 0.15,
+                  scaling: str | None = None) -> dict:
     """Time convgrad and the installed peers on the suite; return the record.
 
     Parameters
@@ -448,6 +475,10 @@ def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repe
     pause : float
         Seconds of sleep (untimed) before each timed call, so that one party's
         spinning worker threads do not slow the next one down.
+    scaling : str or None
+        ``"layer:op"`` of the suite whose GFLOP/s is also measured for batch
+        sizes 1 to 64 and 1 to ``threads`` threads (``record["scaling"]``,
+        ``scaling.png``); None skips it.
     """
     if "float32" not in dtypes:
         dtypes = ("float32", *dtypes)
@@ -478,8 +509,8 @@ def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repe
               "results": []}
     with _blas_threads(threads) as blas:
         record["thread_settings"]["numpy_blas"] = blas
-        record["ceilings"] = ({"gemm": gemm_ceiling(), "copy": copy_bandwidth()}
-                              if ceilings else {})
+        record["ceilings"] = ({"gemm": gemm_ceiling(), "copy": copy_bandwidth(),
+                               "fma": fma_peak(threads)} if ceilings else {})
         if progress:
             progress(0, len(problems), "starting")
         for i, (lay, op) in enumerate(problems):
@@ -491,6 +522,17 @@ def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repe
                 _dump_partial(record, out_dir)
             if progress:
                 progress(i + 1, len(problems), f"{lay.name} {op}")
+        if scaling:
+            from .scaling import run_scaling
+            name, _, sop = scaling.partition(":")
+            lay = next((la for la in load_suite(suite) if la.name == name), None)
+            if lay is None:
+                raise ValueError(f"scaling: unknown layer {name!r}")
+            if progress:
+                progress(len(problems), len(problems), f"scaling {scaling}")
+            record["scaling"] = run_scaling(lay, sop or "dgrad",
+                                            threads=tuple(range(1, threads + 1)),
+                                            with_torch=families is None or "torch" in families)
     record["machine"]["blas"] = _blas_info()
     record["load_average_end"] = _loadavg()
     record["summary"] = summarize(record)

@@ -31,6 +31,10 @@ def _f(value, spec: str, none: str = "") -> str:
     return none if value is None else format(value, spec)
 
 
+def _pct(fraction) -> str:
+    return _f(None if fraction is None else 100 * fraction, ".0f")
+
+
 def _columns(record: dict) -> list[str]:
     names = record["parties"]
     cg = [n for n in names if n.startswith("convgrad") and n.count(" ") == 1]
@@ -64,8 +68,18 @@ def markdown(record: dict) -> str:
         lines.append(f"- Load average (1/5/15 min) at start {la[0]:.2f}/{la[1]:.2f}/{la[2]:.2f}, "
                      f"at end {lb[0]:.2f}/{lb[1]:.2f}/{lb[2]:.2f} (other work on the machine "
                      "skews timings).")
+    eng = m.get("native_engine")
+    if eng:
+        lines.append(f"- convgrad's native engine: the `{eng.get('default')}` build ran "
+                     f"(loaded: {', '.join(eng.get('loaded', [])) or 'none'}; CPU features: "
+                     f"{', '.join(eng.get('cpu_features', []))}).")
     if ceil:
         g, c = ceil["gemm"], ceil["copy"]
+        fma = ceil.get("fma")
+        if fma:
+            lines.append(f"- FMA peak: {fma['gflops']:.1f} GFLOP/s ({fma['threads']} threads of "
+                         f"independent {fma['isa']} FMAs, median of {len(fma['runs'])}); "
+                         "\"% peak\" is quoted against it.")
         lines.append(f"- GEMM ceiling: NumPy float32 {g['n']}^3 GEMM, {g['gflops']:.1f} GFLOP/s "
                      f"({g['ms']:.1f} ms). Memory bandwidth: NumPy copy of "
                      f"{c['bytes'] / 2**20:.0f} MiB, {c['gbps']:.2f} GB/s (read + written).")
@@ -74,12 +88,21 @@ def markdown(record: dict) -> str:
                      f"{summ['geomean_ratio']:.3f}** over {summ['compared']} problems "
                      f"(min {summ['min_ratio']:.3f}, max {summ['max_ratio']:.3f}; convgrad "
                      f"at least as fast on {summ['at_least_1']}).")
+        per = [f"{k.upper()} callers {summ[f'geomean_ratio_{k}']:.3f} (min "
+               f"{summ[f'min_ratio_{k}']:.3f})" for k in ("nxc", "ncx")
+               if f"geomean_ratio_{k}" in summ]
+        if per:
+            lines.append("- Per caller layout, geometric mean of fastest peer / convgrad: "
+                         + "; ".join(per) + ".")
     lines += ["", "## Time per call (ms, median) and throughput", "",
               "cg = convgrad; ratio = fastest peer time / best convgrad time (> 1: convgrad "
-              "faster); GFLOP/s and % GEMM are convgrad's best; n/s = the party refuses the "
-              "problem, n/i = not installed, FAIL = wrong result (not timed).", ""]
+              "faster), NXC / NCX = the same for convgrad's channels-last and channels-first "
+              "callers; GFLOP/s and % peak (of the FMA peak) are convgrad's best and the "
+              "fastest peer's; n/s = the party refuses the problem, n/i = not installed, "
+              "FAIL = wrong result (not timed).", ""]
     head = (["layer", "op", "GFLOP"] + [SHORT.get(c, c) for c in cols]
-            + ["cg best", "fastest peer", "ratio", "GFLOP/s", "peer GFLOP/s", "% GEMM"])
+            + ["cg best", "fastest peer", "ratio", "NXC", "NCX", "GFLOP/s", "% peak",
+               "peer GFLOP/s", "peer % peak"])
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "|".join(["---"] * 2 + ["--:"] * (len(head) - 2)) + "|")
     for e in record["results"]:
@@ -87,9 +110,10 @@ def markdown(record: dict) -> str:
         row += [fmt_ms(e["parties"].get(c)) for c in cols]
         row += [SHORT.get(e.get("convgrad_best"), e.get("convgrad_best") or ""),
                 SHORT.get(e.get("fastest_peer"), e.get("fastest_peer") or ""),
-                _f(e.get("ratio"), ".2f"), _f(e.get("convgrad_gflops"), ".1f"),
-                _f(e.get("fastest_peer_gflops"), ".1f"),
-                _f(None if e.get("gemm_fraction") is None else 100 * e["gemm_fraction"], ".0f")]
+                _f(e.get("ratio"), ".2f"), _f(e.get("ratio_nxc"), ".2f"),
+                _f(e.get("ratio_ncx"), ".2f"), _f(e.get("convgrad_gflops"), ".1f"),
+                _pct(e.get("peak_fraction")), _f(e.get("fastest_peer_gflops"), ".1f"),
+                _pct(e.get("peer_peak_fraction"))]
         lines.append("| " + " | ".join(row) + " |")
 
     dw = [e for e in record["results"] if e["depthwise"]]
@@ -140,6 +164,20 @@ def markdown(record: dict) -> str:
                           _f(mm and mm["extra_ratio"], ".2f")]
             lines.append(f"| {e['layer']} | {e['op']} | " + " | ".join(cells) + " |")
 
+    sc = record.get("scaling")
+    if sc:
+        lines += ["", f"## Scaling: {sc['layer']} {sc['op']} (GFLOP/s, median of "
+                  f"{sc['repeat']})", "", "See `scaling.png`.", ""]
+        keys = sorted({(p["party"], p["threads"]) for p in sc["points"]})
+        batches = sorted({p["batch"] for p in sc["points"]})
+        lines.append("| party | threads | " + " | ".join(f"N={b}" for b in batches) + " |")
+        lines.append("|---|--:|" + "--:|" * len(batches))
+        for party, t in keys:
+            by = {p["batch"]: p["gflops"] for p in sc["points"]
+                  if p["party"] == party and p["threads"] == t}
+            lines.append(f"| {party} | {t} | " + " | ".join(_f(by.get(b), ".1f")
+                                                             for b in batches) + " |")
+
     notes, no_op = [], set()
     for e in record["results"]:
         for n, r in e["parties"].items():
@@ -177,6 +215,9 @@ def bar_chart(record: dict, path: str) -> bool:
     gemm = record.get("ceilings", {}).get("gemm", {}).get("gflops")
     if gemm:
         ax1.axvline(gemm, color="gray", ls="--", lw=1, label=f"NumPy GEMM {gemm:.0f}")
+    peak = (record.get("ceilings", {}).get("fma") or {}).get("gflops")
+    if peak:
+        ax1.axvline(peak, color="black", ls=":", lw=1, label=f"FMA peak {peak:.0f}")
     ax1.set_xlabel("GFLOP/s (higher is better)")
     ax1.set_yticks(list(y), labels, fontsize=8)
     ax1.invert_yaxis()
@@ -225,4 +266,10 @@ def write_report(record: dict, out_dir) -> dict:
         fh.write(markdown(record))
     if not bar_chart(record, paths["png"]):
         del paths["png"]
+    if record.get("scaling"):
+        from .scaling import plot_scaling
+        path = os.path.join(out_dir, "scaling.png")
+        peak = (record.get("ceilings", {}).get("fma") or {}).get("gflops")
+        if plot_scaling(record["scaling"], path, peak):
+            paths["scaling_png"] = path
     return paths

@@ -96,11 +96,14 @@ def make_plan(op: str, kind: str, geom: ConvGeometry, *, names: dict[str, str],
     if kind == "wgrad":
         out_shape = weight_layout.spec_shape(geom.w_shape, geom.groups)
         back = lambda a: weight_layout.from_canonical(a, geom.groups)  # noqa: E731
+        free = weight_layout.result_layouts(geom.w_shape)
     else:
         canon = geom.y_shape if kind == "fwd" else geom.x_shape
         out_shape = data_layout.spec_shape(canon)
         back = data_layout.from_canonical
-    return Plan(op, kind, geom, roles, back, tuple(out_shape), allow_int=allow_int)
+        free = data_layout.result_layouts(canon)
+    return Plan(op, kind, geom, roles, back, tuple(out_shape), allow_int=allow_int,
+                result_layouts=free)
 
 
 def check_bias(op: str, bias: TensorSpec | None, channels: int) -> None:

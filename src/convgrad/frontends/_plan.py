@@ -55,7 +55,9 @@ class Plan:
 
     ``roles`` maps each tensor input name to ``(role, to_canonical)``, role in
     ``x``, ``w``, ``dy``, ``bias``; ``from_canonical`` maps the canonical result
-    (in the compute dtype) to the spec layout.
+    (in the compute dtype) to the spec layout; ``result_layouts``: the kernel
+    layouts whose result it maps to a C-contiguous array (no copy), which the
+    kernel chooser weighs (``ops.compute``).
     """
 
     op: str
@@ -65,6 +67,7 @@ class Plan:
     from_canonical: Callable
     out_shape: tuple[int, ...]
     allow_int: bool = False
+    result_layouts: frozenset = frozenset({"ncx", "nxc"})
 
     def run(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         dtype = common_dtype(self.op, arrays, allow_int=self.allow_int)
@@ -72,7 +75,8 @@ class Plan:
                  if name in arrays}
         a, b = {"fwd": ("x", "w"), "wgrad": ("x", "dy"), "dgrad": ("w", "dy")}[self.kind]
         memory.admit(self.op, self.kind, canon[a], canon[b], self.geom, dtype)
-        out = ops.compute(self.kind, canon[a], canon[b], self.geom, dtype)
+        out = ops.compute(self.kind, canon[a], canon[b], self.geom, dtype,
+                          result_layouts=self.result_layouts)
         if "bias" in canon:
             bias = canon["bias"].astype(out.dtype)
             out += bias.reshape((1, -1) + (1,) * self.geom.spatial_rank)

@@ -23,10 +23,28 @@ Op keys and signatures (the three are adjoint to each other, see ``ops``):
 
 ``supports(geom, dtype)`` returns None when the kernel can run, else the
 reason it cannot, so a forced algorithm explains itself.
+
+Memory.  ``memory(call)`` estimates, by named part, the bytes a kernel adds
+to a call beyond the caller's inputs and the result the caller keeps: the
+layout and dtype copies of the inputs made for it (by :mod:`convgrad.ops`, or
+by the kernel), its workspace, and its result when that is not the one the
+caller keeps (another dtype, or a layout the caller copies it out of).  The
+:class:`Call` it receives describes the caller's arrays (:class:`Operand`:
+canonical shape, dtype, the layouts in which the memory is already
+C-contiguous) and the layouts in which the caller takes the result as it is.
+A kernel without its own ``memory`` is estimated by :func:`conversions` (the
+copies :func:`convgrad.ops.run_kernel` makes for its layout, no workspace).
+
+``algo="auto"`` (:func:`select`) takes the first kernel of the chooser's
+preference whose estimate fits in the workspace budget
+(``settings.workspace_bytes()``); when none does, the preferred kernel that
+needs the least.  So a kernel whose copies alone exceed the budget is not
+chosen while another can run within it (docs/kernels.md, "Memory").
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -36,6 +54,54 @@ from ..errors import ConvGradError
 from ..geometry import ConvGeometry
 
 OPS = ("fwd", "wgrad", "dgrad")
+LAYOUTS = ("ncx", "nxc")
+ANY_LAYOUT = frozenset(LAYOUTS)
+# the tensors of each op, by role: first input, second input, result
+ROLES = {"fwd": ("x", "w", "y"), "wgrad": ("x", "dy", "dw"), "dgrad": ("w", "dy", "dx")}
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor of a call as a memory estimate sees it: its canonical shape
+    (``(N, C, *S)`` or ``(O, C/G, *K)``), the caller's dtype, and the kernel
+    layouts (``"ncx"``, ``"nxc"``) that take its memory as it is (for an
+    input: C-contiguous in that layout; for the result: the caller keeps a
+    result of that layout without copying it)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    layouts: frozenset = ANY_LAYOUT
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One canonical call: op, geometry, compute dtype, inputs ``a`` and
+    ``b`` (see the op keys above) and the result ``out``."""
+
+    op: str
+    geom: ConvGeometry
+    cdt: np.dtype
+    a: Operand
+    b: Operand
+    out: Operand
+
+    @classmethod
+    def assumed(cls, op: str, geom: ConvGeometry, cdt) -> "Call":
+        """A call whose arrays are in every layout and the compute dtype
+        already: what :func:`select` assumes when it is not told the call."""
+        cdt = np.dtype(cdt)
+        a, b, out = (Operand(shape, cdt) for shape in canonical_shapes(op, geom))
+        return cls(op, geom, cdt, a, b, out)
+
+
+def canonical_shapes(op: str, geom: ConvGeometry) -> tuple[tuple[int, ...], ...]:
+    """The canonical shapes of ``op``'s first input, second input and result."""
+    x, w, y = tuple(geom.x_shape), tuple(geom.w_shape), tuple(geom.y_shape)
+    return {"fwd": (x, w, y), "wgrad": (x, y, w), "dgrad": (w, y, x)}[op]
 
 
 @dataclass(frozen=True)
@@ -47,6 +113,9 @@ class Kernel:
     priority: int
     layout: str = "ncx"
     converts: bool = False   # takes strided views in the caller's float dtype
+    reads_half: bool = False  # ... float16/bfloat16 ones too, as they are
+    # extra bytes by part (see the module doc); None: conversions() only
+    memory: "Callable[[Call], dict[str, int]] | None" = None
 
 
 _REGISTRY: dict[str, list[Kernel]] = {op: [] for op in OPS}
@@ -72,15 +141,80 @@ def candidates(op: str, geom: ConvGeometry, dtype) -> list[tuple[Kernel, "str | 
     return [(k, k.supports(geom, np.dtype(dtype))) for k in _REGISTRY[op]]
 
 
-def select(op: str, geom: ConvGeometry, dtype, algo: str = "auto") -> Kernel:
-    """The highest-priority kernel that supports the problem, or the named one."""
+def conversions(call: Call, layout: str, converts: bool = False) -> dict[str, int]:
+    """The copies made around a kernel of ``layout`` (``converts``: see the
+    module doc), in bytes by part: an input not C-contiguous in ``layout`` or
+    not in the compute dtype is copied whole (a converting kernel gets views,
+    except float16 inputs of :func:`converted_whole`); a result in another
+    dtype than the caller's, or in a layout the caller does not take, is an
+    extra result-sized array."""
+    parts = {}
+    cdt = np.dtype(call.cdt)
+    first, second, result = ROLES[call.op]
+    whole = converted_whole(call, layout) if converts else (False, False)
+    for role, t, w in ((first, call.a, whole[0]), (second, call.b, whole[1])):
+        if converts and cdt.kind == "f":
+            if w:
+                parts[f"float32 copy of {role}"] = t.size * 4
+        elif t.dtype != cdt or layout not in t.layouts:
+            parts[f"copy of {role}"] = t.size * cdt.itemsize
+    if call.out.dtype != cdt or layout not in call.out.layouts:
+        parts[f"{result} before the caller's copy"] = call.out.size * cdt.itemsize
+    return parts
+
+
+def converted_whole(call: Call, layout: str) -> tuple[bool, bool]:
+    """For a converting kernel of ``layout``: which of ``a``, ``b`` are
+    float16 arrays that ``ops.run_kernel`` converts to float32 whole, with
+    its compiled cast (NumPy's float16 cast, which a kernel's own copies
+    would use, is slow): the float16 inputs C-contiguous in ``layout``, when
+    their float32 copies take at most half the workspace budget; otherwise
+    none, and the kernel converts block by block as it copies."""
+    from .. import settings
+    f16 = [t.dtype == np.float16 and layout in t.layouts and np.dtype(call.cdt) == np.float32
+           for t in (call.a, call.b)]
+    need = sum(t.size * 4 for t, f in zip((call.a, call.b), f16) if f)
+    if need > settings.workspace_bytes() // 2:
+        return False, False
+    return f16[0], f16[1]
+
+
+def estimate(kernel: Kernel, call: Call) -> dict[str, int]:
+    """The bytes ``kernel`` adds to ``call`` beyond its inputs and result, by part."""
+    if kernel.memory is not None:
+        return kernel.memory(call)
+    return conversions(call, kernel.layout, kernel.converts)
+
+
+def within_budget(ranked: list[Kernel], call: Call) -> Kernel:
+    """The first kernel of ``ranked`` whose estimate fits in the workspace
+    budget; if none does, the one that needs the least (the first of equals)."""
+    from .. import settings
+    budget = settings.workspace_bytes()
+    need = []
+    for kernel in ranked:
+        n = sum(estimate(kernel, call).values())
+        if n <= budget:
+            return kernel
+        need.append(n)
+    return ranked[need.index(min(need))]
+
+
+def select(op: str, geom: ConvGeometry, dtype, algo: str = "auto", *,
+           call: Call | None = None) -> Kernel:
+    """The named kernel, or for ``algo="auto"`` the chooser's: the first kernel
+    of its preference that supports the problem and fits in the workspace
+    budget with the copies ``call`` needs (:func:`within_budget`; without
+    ``call``, inputs and result are assumed in every layout and the compute
+    dtype).  A problem no preferred kernel supports goes to the highest
+    priority kernel that does."""
     found = candidates(op, geom, dtype)
     if algo == "auto":
         from .chooser import preference
         usable = {k.name: k for k, reason in found if reason is None}
-        for name in preference(op, geom):
-            if name in usable:
-                return usable[name]
+        ranked = [usable[name] for name in preference(op, geom) if name in usable]
+        if ranked:
+            return within_budget(ranked, call or Call.assumed(op, geom, dtype))
         for kernel, reason in found:
             if reason is None:
                 return kernel
@@ -109,14 +243,44 @@ def _blas_float(op):
     return supports
 
 
+def _plus_workspace(layout: str, converts: bool, workspace):
+    """``memory`` of a kernel: :func:`conversions` plus ``workspace(geom, op, itemsize)``."""
+    def memory(call: Call) -> dict[str, int]:
+        parts = conversions(call, layout, converts)
+        parts.update(workspace(call.geom, call.op, np.dtype(call.cdt).itemsize))
+        return parts
+    return memory
+
+
+def _reference_memory(call: Call) -> dict[str, int]:
+    """The reference kernel copies both inputs to float64 (int64), sums per tap
+    into a float64 result and returns it, whatever the caller's dtype."""
+    parts = conversions(call, "ncx")
+    parts.pop(f"{ROLES[call.op][2]} before the caller's copy", None)
+    acc = np.dtype(np.int64 if np.dtype(call.cdt).kind in "iu" else np.float64)
+    parts["64-bit copies of the inputs"] = (call.a.size + call.b.size) * 8
+    if call.op != "wgrad":
+        parts["per-tap products"] = call.out.size * 8
+    if call.out.dtype != acc or "ncx" not in call.out.layouts:
+        parts["64-bit result"] = call.out.size * 8
+    return parts
+
+
 def _register_builtin() -> None:
-    from . import direct, im2col, reference, shifted
+    from . import direct, im2col, native, reference, shifted
+    native.warn_if_unavailable()
     for op in OPS:
-        register(Kernel("reference", op, getattr(reference, op), _always, priority=0))
-        register(Kernel("im2col", op, getattr(im2col, op), _always, priority=10))
-        register(Kernel("direct", op, getattr(direct, op), direct.supports, 20, "nxc"))
+        register(Kernel("native", op, getattr(native, op), native.supports, priority=40,
+                        layout="nxc", converts=True, reads_half=True, memory=native.memory))
+        register(Kernel("reference", op, getattr(reference, op), _always, priority=0,
+                        memory=_reference_memory))
+        register(Kernel("im2col", op, getattr(im2col, op), _always, priority=10,
+                        memory=_plus_workspace("ncx", False, im2col.workspace)))
+        register(Kernel("direct", op, getattr(direct, op), direct.supports, 20, "nxc",
+                        memory=_plus_workspace("nxc", False, direct.workspace)))
         register(Kernel("shifted", op, getattr(shifted, op), _blas_float(op), priority=30,
-                        layout="nxc", converts=True))
+                        layout="nxc", converts=True,
+                        memory=_plus_workspace("nxc", True, shifted.workspace)))
 
 
 _register_builtin()

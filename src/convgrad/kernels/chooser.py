@@ -2,6 +2,11 @@
 
 Rules, from the measurements in ``benchmarks/`` (float32, 2 threads):
 
+- the native engine (``native``, compiled register-blocked direct convolution)
+  first, for every float32/float16/bfloat16 problem it supports, except the
+  few-channel groups below; the NumPy/numba kernels are its fallbacks (float64,
+  integers, or no loadable build);
+
 - grouped problems with few channels per group (depthwise, ResNeXt-like, the
   GroupConvolutionBackpropData spec op) are not GEMM-shaped: the direct
   kernel, which itself declines groups large enough for GEMMs
@@ -46,7 +51,7 @@ def grid_waste(op: str, geom: ConvGeometry) -> float:
 
 def preference(op: str, geom: ConvGeometry) -> list[str]:
     if geom.groups > 1:
-        return ["direct", "shifted", "im2col"]
+        return ["direct", "native", "shifted", "im2col"]
     if op != "wgrad" and grid_waste(op, geom) > WASTE_LIMIT:
-        return ["im2col", "shifted"]
-    return ["shifted", "im2col"]
+        return ["native", "im2col", "shifted"]
+    return ["native", "shifted", "im2col"]

@@ -18,13 +18,11 @@ pay numba's import time.
 from __future__ import annotations
 
 import math
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ..geometry import ConvGeometry
+from ._pool import run_ranges
 
 # C/G * O/G above this, oneDNN-class GEMM kernels win (benchmarks/direct_kernel.py
 # --crossover: at 4x4 the direct kernel is about even with PyTorch, at 8x8
@@ -50,6 +48,31 @@ def supports(geom: ConvGeometry, dtype) -> str | None:
     return None
 
 
+def workspace(geom: ConvGeometry, op: str, itemsize: int) -> dict[str, int]:
+    """Bytes by part this kernel allocates besides its result (see
+    ``kernels.estimate``): the compiled loops' row caches (one per running
+    task), the reordered weights of a data gradient, the per-chunk partial
+    weight gradients."""
+    from ._blas import workers
+    cg, og = geom.c // geom.groups, geom.o // geom.groups
+    k = (1,) * (3 - geom.spatial_rank) + tuple(geom.kernel)
+    s = (1,) * (3 - geom.spatial_rank) + tuple(geom.in_sizes)
+    m = (1,) * (3 - geom.spatial_rank) + tuple(geom.out_sizes)
+    rows = {"fwd": s[2] * cg * geom.o, "wgrad": s[2] * cg * geom.o, "dgrad": m[2] * og * geom.c}
+    parts = {"row caches": workers() * k[0] * k[1] * rows[op] * itemsize}
+    w_bytes = math.prod(geom.w_shape) * itemsize
+    if op == "dgrad":
+        parts["reordered weights"] = w_bytes
+    elif op == "wgrad":
+        parts["partial weight gradients"] = _wgrad_chunks(geom, w_bytes) * w_bytes
+    return parts
+
+
+def _wgrad_chunks(geom: ConvGeometry, w_bytes: int) -> int:
+    rows = geom.n * math.prod(geom.out_sizes[:-1])
+    return max(1, min(rows, MAX_CHUNKS, PARTIALS_BYTES // max(1, w_bytes)))
+
+
 def _jit():
     from . import _direct_jit
     return _direct_jit
@@ -62,26 +85,10 @@ def _threads(geom: ConvGeometry) -> int:
     return 1 if geom.flops < SERIAL_FLOPS else workers()
 
 
-_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
-_POOLS_LOCK = threading.Lock()
-
-
 def _run(fn, args, ntasks: int, threads: int) -> None:
     """``fn(*args, lo, hi)`` over ``[0, ntasks)``, split into blocks run on
     ``threads`` threads (a block's result does not depend on the split)."""
-    if threads <= 1 or ntasks <= 1:
-        fn(*args, 0, ntasks)
-        return
-    key = (os.getpid(), threads)            # a forked child gets pools of its own
-    with _POOLS_LOCK:
-        pool = _POOLS.get(key)
-        if pool is None:
-            pool = _POOLS[key] = ThreadPoolExecutor(threads, "convgrad-direct")
-    nblocks = min(ntasks, 4 * threads)
-    bounds = [ntasks * i // nblocks for i in range(nblocks + 1)]
-    futures = [pool.submit(fn, *args, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
-    for f in futures:
-        f.result()
+    run_ranges(lambda lo, hi: fn(*args, lo, hi), ntasks, threads)
 
 
 def _args(geom: ConvGeometry):
@@ -138,9 +145,7 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     dw = np.zeros((*geom.kernel, cg, geom.o), x.dtype)
     if dw.size == 0 or x.size == 0 or dy.size == 0:
         return dw
-    rows = geom.n * math.prod(geom.out_sizes[:-1])
-    per_chunk = dw.size * x.itemsize
-    nchunks = max(1, min(rows, MAX_CHUNKS, PARTIALS_BYTES // per_chunk))
+    nchunks = _wgrad_chunks(geom, dw.size * x.itemsize)
     part = np.empty((nchunks, dw.size), x.dtype)
     _run(lambda *a: _jit().wgrad_partials(*a, nchunks),
          (_flat(x), _flat(dy), _flat(part), *_args(geom)), nchunks, _threads(geom))

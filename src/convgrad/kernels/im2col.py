@@ -10,8 +10,10 @@ the groups:
 - dgrad: ``col[g] (C/G*T, nb*M) = w[g]^T @ dy[g]``, then scattered back
   (col2im) onto the taps' input positions.
 
-The column buffer is bounded by the workspace budget (``convgrad.config``):
-samples are processed in blocks, and taps too when one sample does not fit.
+The column buffer and the output (or gathered dy) block are bounded by the
+workspace budget together (``convgrad.config``): samples are processed in
+blocks, and taps too when one sample does not fit; each block's buffers are
+freed before the next block's are allocated, so one set is alive at a time.
 """
 
 from __future__ import annotations
@@ -25,18 +27,42 @@ from .. import settings
 from ..geometry import ConvGeometry
 
 
-def _blocks(geom: ConvGeometry, itemsize: int):
-    """Yield (n0, n1, taps) blocks whose column buffer fits the workspace."""
-    taps = list(itertools.product(*(range(k) for k in geom.kernel)))
-    per_unit = max(1, geom.c * math.prod(geom.out_sizes) * itemsize)  # one tap, one sample
-    units = max(1, settings.workspace_bytes() // per_unit)
-    if units >= len(taps):
-        nb, tb = max(1, min(geom.n, units // len(taps))), len(taps)
-    else:
-        nb, tb = 1, units
+def _block_sizes(geom: ConvGeometry, op: str, itemsize: int) -> tuple[int, int]:
+    """(samples, taps) per block: the column buffer and the block of the
+    output (fwd) or of dy gathered by group (several samples) fit the
+    workspace together; at least one tap of one sample."""
+    ntaps = math.prod(geom.kernel)
+    m = math.prod(geom.out_sizes)
+    per_tap = max(1, geom.c * m * itemsize)       # one tap of one sample in the column buffer
+    per_out = geom.o * m * itemsize               # one sample of y, or of dy gathered
+    budget = settings.workspace_bytes()
+    nb = budget // (ntaps * per_tap + per_out)
+    if nb >= 1:
+        return max(1, min(geom.n, nb)), ntaps
+    single = per_out if op == "fwd" else 0        # one sample of dy is a view, no copy
+    return 1, max(1, min(ntaps, (budget - single) // per_tap))
+
+
+def workspace(geom: ConvGeometry, op: str, itemsize: int) -> dict[str, int]:
+    """Bytes by part this kernel allocates besides its result (see
+    ``kernels.estimate``): one column buffer (the previous block's is freed
+    first), the output block or gathered dy block, weights-sized pieces."""
+    nb, tb = _block_sizes(geom, op, itemsize)
+    m = math.prod(geom.out_sizes)
+    parts = {"column buffer": geom.c * tb * nb * m * itemsize}
+    if op == "fwd" or nb > 1:
+        parts["output block" if op == "fwd" else "dy block"] = geom.o * nb * m * itemsize
+    parts["weight pieces"] = (2 if op == "wgrad" else 1) * math.prod(geom.w_shape) * itemsize
+    return parts
+
+
+def _blocks(geom: ConvGeometry, op: str, itemsize: int):
+    """Yield (n0, n1, taps) blocks of :func:`_block_sizes`."""
+    taps = list(enumerate(itertools.product(*(range(k) for k in geom.kernel))))
+    nb, tb = _block_sizes(geom, op, itemsize)
     for n0 in range(0, geom.n, nb):
         for t0 in range(0, len(taps), tb):
-            yield n0, min(geom.n, n0 + nb), list(enumerate(taps))[t0:t0 + tb]
+            yield n0, min(geom.n, n0 + nb), taps[t0:t0 + tb]
 
 
 def _gview(a: np.ndarray, groups: int) -> np.ndarray:
@@ -84,7 +110,7 @@ def _dy_block(dy: np.ndarray, geom: ConvGeometry, n0: int, n1: int) -> np.ndarra
 def fwd(x, w, geom: ConvGeometry):
     G = geom.groups
     y = np.zeros(geom.y_shape, x.dtype)
-    for n0, n1, taps in _blocks(geom, x.itemsize):
+    for n0, n1, taps in _blocks(geom, "fwd", x.itemsize):
         col = _im2col(x[n0:n1], geom, taps)
         cg, t = col.shape[1], col.shape[2]
         wt = _w_taps(w, geom, taps).reshape(G, geom.o // G, cg * t)
@@ -92,6 +118,7 @@ def fwd(x, w, geom: ConvGeometry):
         yb = np.matmul(wt, _col_matrix(col))
         yv = _gview(y[n0:n1], G)
         yv += yb.reshape(yv.shape)
+        del col, yb                  # before the next block allocates its own
     return y
 
 
@@ -99,13 +126,14 @@ def wgrad(x, dy, geom: ConvGeometry):
     G = geom.groups
     og, cg = geom.o // G, geom.c // G
     dw = np.zeros((G, og, cg, math.prod(geom.kernel)), x.dtype)
-    for n0, n1, taps in _blocks(geom, x.itemsize):
+    for n0, n1, taps in _blocks(geom, "wgrad", x.itemsize):
         col = _im2col(x[n0:n1], geom, taps)
         t = col.shape[2]
         # (G, O/G, C/G*T) = (G, O/G, nb*M) @ (G, nb*M, C/G*T)
         part = np.matmul(_dy_block(dy, geom, n0, n1),
                          _col_matrix(col).transpose(0, 2, 1))
         dw[..., [i for i, _ in taps]] += part.reshape(G, og, cg, t)
+        del col                      # before the next block allocates its own
     return dw.reshape(geom.w_shape)
 
 
@@ -113,7 +141,7 @@ def dgrad(w, dy, geom: ConvGeometry):
     G = geom.groups
     cg = geom.c // G
     dx = np.zeros(geom.x_shape, w.dtype)
-    for n0, n1, taps in _blocks(geom, w.itemsize):
+    for n0, n1, taps in _blocks(geom, "dgrad", w.itemsize):
         nb = n1 - n0
         wt = _w_taps(w, geom, taps)                          # (G, O/G, C/G, T)
         t = wt.shape[-1]
@@ -127,4 +155,5 @@ def dgrad(w, dy, geom: ConvGeometry):
             if sl is not None:
                 ps, qs = sl
                 dxv[(...,) + qs] += col[(slice(None), slice(None), j, slice(None)) + ps]
+        del col                      # before the next block allocates its own
     return dx

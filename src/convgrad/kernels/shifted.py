@@ -179,6 +179,18 @@ def _block_rows(P: int, row_bytes: int) -> int:
     return max(1, min(rows, -(-P // workers())))
 
 
+def _wgrad_chunks(P: int, T: int, dw_bytes: int) -> int:
+    """Row chunks of a weight gradient over ``P`` rows (one partial each)."""
+    nw = workers()
+    if dw_bytes <= WGRAD_L2_BYTES:
+        return max(1, min(nw, P // ROW_BLOCK)) if nw > 1 else 1
+    if P < 2 * ROW_BLOCK:
+        return 1
+    if T >= 4 * nw:
+        return nw // math.gcd(T, nw)          # tasks divide evenly among workers
+    return max(1, min(-(-4 * nw // T), P // ROW_BLOCK))
+
+
 def _wgrad_core(inputs, taps, dyg, P, groups, dw):
     """``dw[t] = sum_p inputs[i_t][p + off_t]^T @ dyg[p]`` over ``p < P``;
     ``dw`` (T, C/G, OC).
@@ -193,16 +205,8 @@ def _wgrad_core(inputs, taps, dyg, P, groups, dw):
         return
     cin = dw.shape[1]
     cout = dw.shape[2] // groups
-    nw = workers()
     by_rows = dw.nbytes <= WGRAD_L2_BYTES
-    if by_rows:
-        chunks = max(1, min(nw, P // ROW_BLOCK)) if nw > 1 else 1
-    elif P < 2 * ROW_BLOCK:
-        chunks = 1
-    elif T >= 4 * nw:
-        chunks = nw // math.gcd(T, nw)          # tasks divide evenly among workers
-    else:
-        chunks = max(1, min(-(-4 * nw // T), P // ROW_BLOCK))
+    chunks = _wgrad_chunks(P, T, dw.nbytes)
     bounds = [round(P * c / chunks) for c in range(chunks + 1)]
     parts = scratch("parts", (chunks,) + dw.shape, dw.dtype, zero=False) if chunks > 1 \
         else dw[None]
@@ -311,6 +315,31 @@ def _batch_blocks(geom: ConvGeometry, op: str, itemsize: int):
     return [(n0, min(geom.n, n0 + nb)) for n0 in range(0, geom.n, nb)]
 
 
+def workspace(geom: ConvGeometry, op: str, itemsize: int) -> dict[str, int]:
+    """Bytes by part this kernel allocates besides its result (see
+    ``kernels.estimate``): the grids of one batch block (per-thread scratch
+    buffers, kept for the next call when they are small enough), weights
+    reordered per tap, partial weight gradients, the folded GEMMs' buffers."""
+    if _empty(geom):
+        return {}
+    taps, extents, phases = _forward_grid(geom)
+    per = math.prod(extents)
+    per_sample = per * (len(phases) + (2 if op == "dgrad" else 1)) * max(geom.c, geom.o) \
+        * itemsize                                   # as workspace_rows, _batch_blocks
+    nb = max(1, min(geom.n, settings.workspace_bytes() // max(1, per_sample)))
+    w_bytes = math.prod(geom.w_shape) * itemsize
+    parts = {"grids": nb * per_sample}
+    if op == "wgrad":
+        rows = _last_row(nb, extents, geom.out_sizes)
+        parts["partial weight gradients"] = w_bytes * (
+            _wgrad_chunks(rows, len(taps), w_bytes) + (nb < geom.n))
+    else:
+        parts["reordered weights"] = 2 * w_bytes        # per tap, and folded per group
+    if geom.c // geom.groups <= FOLD_MAX_CHANNELS:
+        parts["fold buffers"] = workers() * FOLD_BYTES
+    return parts
+
+
 def fits(geom: ConvGeometry, op: str, itemsize: int) -> bool:
     per_sample = workspace_rows(geom, op) * max(geom.c, geom.o) * itemsize
     return per_sample <= settings.workspace_bytes()
@@ -351,6 +380,7 @@ def fwd(x, w, geom: ConvGeometry):
             grid = scratch("out", (nb, *extents, OC), cdt, zero=False)
             _gather(inputs, tl, grid.reshape(-1, OC), _last_row(nb, extents, geom.out_sizes), G)
             y[n0:n1] = grid[(slice(None), *(slice(0, m) for m in geom.out_sizes))]
+        inputs = grid = None        # free fresh copies before the next block makes its own
     return y
 
 
@@ -376,6 +406,7 @@ def wgrad(x, dy, geom: ConvGeometry):
             _wgrad_core(inputs, tl, dyg, P, G, part)
         if part is not dw:
             dw += part
+        inputs = dyg = None         # free fresh copies before the next block makes its own
     return result
 
 
@@ -440,4 +471,5 @@ def dgrad(w, dy, geom: ConvGeometry):
                 _gather([dyg], tl, grid.reshape(-1, C), _last_row(nb, extents, last), G)
                 dx[(slice(n0, n1), *(s_[1] for s_ in sel))] = \
                     grid[(slice(None), *(s_[0] for s_ in sel))]
+        dyg = grid = None           # free fresh copies before the next block makes its own
     return dx

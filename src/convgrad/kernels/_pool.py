@@ -1,0 +1,53 @@
+"""The compiled kernels' worker threads.
+
+One thread pool per (process, thread count): a forked child gets pools of its
+own (it would otherwise wait forever on threads that exist only in its
+parent).  The compiled loops release the GIL, so the pool's threads compute
+side by side.  Work is always split by the caller into ranges whose results
+do not depend on which thread runs them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
+_LOCK = threading.Lock()
+
+
+def pool(threads: int) -> ThreadPoolExecutor:
+    key = (os.getpid(), threads)
+    with _LOCK:
+        found = _POOLS.get(key)
+        if found is None:
+            found = _POOLS[key] = ThreadPoolExecutor(threads, "convgrad-kernel")
+        return found
+
+
+def run_tasks(tasks, threads: int) -> list:
+    """Run zero-argument callables, on ``threads`` threads; results in task order.
+    With one thread (or one task) they run in the calling thread."""
+    tasks = list(tasks)
+    if threads <= 1 or len(tasks) <= 1:
+        return [t() for t in tasks]
+    futures = [pool(threads).submit(t) for t in tasks]
+    return [f.result() for f in futures]
+
+
+def split(ntasks: int, nblocks: int) -> list[tuple[int, int]]:
+    """``[0, ntasks)`` cut into at most ``nblocks`` contiguous, near-equal ranges."""
+    nblocks = max(1, min(ntasks, nblocks))
+    bounds = [ntasks * i // nblocks for i in range(nblocks + 1)]
+    return [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+
+
+def run_ranges(fn, ntasks: int, threads: int, per_thread: int = 4) -> None:
+    """``fn(lo, hi)`` over ``[0, ntasks)`` in ``per_thread * threads`` blocks."""
+    if threads <= 1 or ntasks <= 1:
+        if ntasks > 0:
+            fn(0, ntasks)
+        return
+    run_tasks([lambda lo=lo, hi=hi: fn(lo, hi) for lo, hi in split(ntasks, per_thread * threads)],
+              threads)

@@ -1,0 +1,671 @@
+"""The native engine: register-blocked direct convolution compiled from C++.
+
+``native/engine.cpp`` is built three times by ``pip install`` (``setup.py``):
+for AVX-512, for AVX2 + FMA + F16C, and for the compiler's baseline (portable)
+-- ``convgrad.kernels._engine_{avx512,avx2,generic}``.  At run time the best
+build this CPU can run is used (``convgrad.config(isa=...)`` forces one, for
+tests and comparisons); the libraries are loaded with ctypes, which releases
+the GIL during every call, and this module's worker threads run ranges of
+work items side by side (``config(threads=n)``).
+
+Every problem maps onto two compiled kernels (see docs/kernels.md):
+
+- ``corr`` for the forward convolution and, one stride phase at a time, the
+  data gradient;
+- ``wgrad`` for the weight gradient.
+
+The kernels read the caller's views as they are -- float32, float16 or
+bfloat16, channels last or first -- and convert blocks of lines into per-thread
+scratch only when a view is not float32 with unit channel stride: no
+whole-tensor layout or dtype copy is made.  The results are float32; a
+forward or data gradient result is laid out in the memory order of its data
+input (an NCX caller gets NCX memory, seen here as an NXC view), so no layout
+copy is needed on the way back either.
+
+If no build can be loaded, :func:`available` says why and the registry falls
+back to the NumPy/numba kernels (with one warning at import).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import math
+import os
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import settings
+from ..errors import ConvGradError
+from ..geometry import ConvGeometry
+from . import _pool
+from ._blas import cpu_count, scratch
+
+ISAS = ("avx512", "avx2", "generic")
+MODULES = {isa: f"convgrad.kernels._engine_{isa}" for isa in ISAS}
+
+# cg_cpu_features() bits
+_AVX2, _FMA, _F16C, _AVX512F, _AVX512BW, _AVX512VL, _AVX512DQ = (1 << i for i in range(7))
+REQUIRES = {"avx512": (_AVX512F | _AVX512BW | _AVX512VL | _AVX512DQ | _AVX2 | _FMA | _F16C,
+                       "avx512f, avx512bw, avx512vl, avx512dq"),
+            "avx2": (_AVX2 | _FMA | _F16C, "avx2, fma, f16c"),
+            "generic": (0, "")}
+
+DTYPE_CODES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}
+try:
+    import ml_dtypes
+    DTYPE_CODES[np.dtype(ml_dtypes.bfloat16)] = 2
+except ImportError:                                       # pragma: no cover
+    pass
+
+# Below this many FLOPs one thread is faster than waking the others.
+SERIAL_FLOPS = 2**21
+# corr: per-thread scratch for an item's converted input lines; the input rows
+# an item reads (kept in cache while the item's weight blocks sweep them); the
+# weight panels an item sweeps at once (kept in L2).
+PACK_BYTES = 1 * 2**20
+CORR_ITEM_BYTES = 512 * 2**10
+CORR_OUT_BYTES = 1 * 2**20
+CORR_WEIGHT_BYTES = 256 * 2**10
+CORR_L1_WEIGHT_BYTES = 0        # (measured no gain yet; see docs/kernels.md)
+# corr: float32 weights with unit output-channel stride and whole blocks are read
+# in place (False: always packed; tests)
+WEIGHTS_IN_PLACE = True
+# wgrad: the packed panels of one chunk of positions (x rows, dy rows; swept in
+# L2-sized blocks) take about this much; a chunk has at least / at most this
+# many positions.
+WGRAD_PANEL_BYTES = 1 * 2**20
+WGRAD_MIN_CHUNK = 32
+WGRAD_MAX_CHUNK = 512
+# wgrad: output lines at least this long are chunked along w alone (x rows packed
+# once per kernel row for all its taps); shorter ones are gathered into chunks.
+WGRAD_LINE_MIN = 24
+# wgrad: read float32 channels-last x rows in place (False: pack them too; tests)
+WGRAD_DIRECT_X = True
+# wgrad: positions are cut into this many chunks with partial weight gradients
+# if they take at most PARTIALS_BYTES, else the output channels are split.
+WGRAD_CHUNKS = 8
+PARTIALS_BYTES = 8 * 2**20
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [("ptr", ctypes.c_void_p), ("dtype", ctypes.c_int64),
+                ("stride", ctypes.c_int64 * 5)]
+
+
+_I64 = ctypes.c_int64
+_I64P = ctypes.POINTER(ctypes.c_int64)
+_F32P = ctypes.c_void_p
+
+
+class _Corr(ctypes.Structure):
+    _fields_ = [("inp", _Tensor), ("out", ctypes.c_void_p), ("ostride", _I64 * 5),
+                ("N", _I64), ("Lin", _I64 * 3), ("Cin", _I64), ("Cout", _I64),
+                ("groups", _I64), ("is_", _I64 * 3), ("os", _I64 * 3),
+                ("phases", ctypes.c_void_p), ("taps", ctypes.c_void_p),
+                ("wpk", ctypes.c_void_p), ("wg", _I64), ("wob", _I64), ("wt", _I64),
+                ("wc", _I64), ("ntap_w", _I64), ("nv", _I64), ("r", _I64),
+                ("ob_group", _I64), ("items", ctypes.c_void_p)]
+
+
+class _Wgrad(ctypes.Structure):
+    _fields_ = [("x", _Tensor), ("dy", _Tensor), ("N", _I64), ("L", _I64 * 3), ("C", _I64),
+                ("M", _I64 * 3), ("O", _I64), ("groups", _I64), ("K", _I64 * 3),
+                ("s", _I64 * 3), ("d", _I64 * 3), ("pb", _I64 * 3), ("nv", _I64),
+                ("chunk", _I64), ("line_min", _I64), ("direct_x", _I64),
+                ("items", ctypes.c_void_p)]
+
+
+class Engine:
+    """One loaded build of the engine."""
+
+    def __init__(self, isa: str, path: str, built_as: str | None = None):
+        lib = ctypes.CDLL(path)
+        self.isa, self.path, self.lib = isa, path, lib
+        vp, i64 = ctypes.c_void_p, ctypes.c_int64
+        for name, res, args in (
+                ("cg_isa", ctypes.c_char_p, []),
+                ("cg_vector_floats", i64, []),
+                ("cg_cpu_features", i64, []),
+                ("cg_corr_rmax", i64, [i64]),
+                ("cg_wgrad_mr", i64, [i64]),
+                ("cg_corr_scratch", i64, [vp, i64, i64]),
+                ("cg_corr_run", None, [vp, i64, i64, vp]),
+                ("cg_wgrad_scratch", i64, [vp, i64, i64]),
+                ("cg_wgrad_run", None, [vp, i64, i64, i64, i64, vp, vp]),
+                ("cg_pack_panels", None, [vp, i64, i64, i64, i64, i64, i64, i64, i64, i64, vp,
+                                          i64, i64]),
+                ("cg_fma_loop", ctypes.c_float, [i64]),
+                ("cg_fma_loop_flops", i64, [])):
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        built = lib.cg_isa().decode()
+        if built != (built_as or isa):
+            raise ImportError(f"{path} is the {built!r} build, not {isa!r}")
+        self.vl = int(lib.cg_vector_floats())
+        self.corr_rmax = {nv: int(lib.cg_corr_rmax(nv)) for nv in (1, 2, 3, 4)}
+        self.rmax_of = tuple(self.corr_rmax[nv] for nv in (1, 2, 3, 4))
+        self.wgrad_mr = {nv: int(lib.cg_wgrad_mr(nv)) for nv in (1, 2, 3, 4)}
+        self.mr_of = tuple(self.wgrad_mr[nv] for nv in (1, 2, 3, 4))
+
+
+# -- loading -------------------------------------------------------------------------------
+
+_ENGINES: dict[str, Engine] = {}
+_MISSING: dict[str, str] = {}
+_FEATURES: int | None = None
+_LOADED = False
+
+
+def _library_path(isa: str) -> str:
+    spec = importlib.util.find_spec(MODULES[isa])
+    if spec is None or not spec.origin:
+        raise ImportError(f"{MODULES[isa]} is not built (reinstall convgrad with a C++ compiler)")
+    return spec.origin
+
+
+def _load() -> None:
+    """Load every build this CPU can run (once)."""
+    global _LOADED, _FEATURES
+    if _LOADED:
+        return
+    _LOADED = True
+    if os.environ.get("CONVGRAD_NATIVE", "").lower() in ("0", "off", "no", "false"):
+        for isa in ISAS:
+            _MISSING[isa] = "disabled by CONVGRAD_NATIVE=0"
+        return
+    for isa in reversed(ISAS):                 # generic first: it reports the CPU's features
+        need, names = REQUIRES[isa]
+        if _FEATURES is not None and (_FEATURES & need) != need:
+            _MISSING[isa] = f"this CPU lacks {names}"
+            continue
+        try:
+            eng = Engine(isa, _library_path(isa))
+        except (ImportError, OSError, AttributeError) as exc:
+            _MISSING[isa] = str(exc)
+            continue
+        _ENGINES[isa] = eng
+        if _FEATURES is None:
+            _FEATURES = int(eng.lib.cg_cpu_features())
+    if _FEATURES is None:
+        _FEATURES = _features_from_proc()
+    for isa in ISAS:
+        need, names = REQUIRES[isa]
+        if isa in _ENGINES and (_FEATURES & need) != need:
+            del _ENGINES[isa]
+            _MISSING[isa] = f"this CPU lacks {names}"
+
+
+def _features_from_proc() -> int:
+    """The CPU features from /proc/cpuinfo, when no build reports them."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = next((line.split(":", 1)[1].split() for line in fh
+                          if line.startswith("flags")), [])
+    except OSError:
+        return 0
+    names = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq")
+    return sum(1 << i for i, n in enumerate(names) if n in flags)
+
+
+def available() -> str | None:
+    """None when at least one build is loaded, else why none is."""
+    _load()
+    if _ENGINES:
+        return None
+    return "; ".join(f"{isa}: {why}" for isa, why in _MISSING.items())
+
+
+def info() -> dict:
+    """Which builds are loaded, which one runs by default, and why others are not."""
+    _load()
+    best = next((isa for isa in ISAS if isa in _ENGINES), None)
+    return {"default": best, "loaded": [isa for isa in ISAS if isa in _ENGINES],
+            "unavailable": dict(_MISSING),
+            "cpu_features": [n for i, n in enumerate(
+                ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"))
+                if (_FEATURES or 0) >> i & 1]}
+
+
+def warn_if_unavailable() -> None:
+    """One warning when the engine cannot run on a CPU that should run it."""
+    why = available()
+    if why is not None and "CONVGRAD_NATIVE=0" not in why:
+        warnings.warn(f"convgrad: the native engine could not be loaded ({why}); using the "
+                      f"slower NumPy/numba kernels", RuntimeWarning, stacklevel=3)
+
+
+def engine() -> Engine:
+    """The build selected by ``convgrad.config(isa=...)`` (default: the best one)."""
+    _load()
+    want = settings.isa()
+    if want == "auto":
+        for isa in ISAS:
+            if isa in _ENGINES:
+                return _ENGINES[isa]
+        raise ConvGradError(f"the native engine is not available: {available()}")
+    if want not in _ENGINES:
+        raise ConvGradError(f"isa = {want!r}: that build of the native engine cannot run here "
+                            f"({_MISSING.get(want, 'unknown')})")
+    return _ENGINES[want]
+
+
+# -- the registry's interface -------------------------------------------------------------
+
+def fma_peak(threads: int | None = None, seconds: float = 0.2, repeat: int = 5) -> dict:
+    """The FMA peak of this machine as the engine's build sees it: every thread
+    runs a loop of independent vector multiply-adds at once; the median GFLOP/s of
+    ``repeat`` runs of about ``seconds`` each."""
+    import statistics
+    import time
+    eng = engine()
+    threads = threads or settings.threads() or cpu_count()
+    per_iter = int(eng.lib.cg_fma_loop_flops())
+    iters = 1 << 16
+    t0 = time.perf_counter()
+    eng.lib.cg_fma_loop(iters)
+    iters = max(iters, int(iters * seconds / max(time.perf_counter() - t0, 1e-6)))
+    rates = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        _pool.run_tasks([lambda: eng.lib.cg_fma_loop(iters)] * threads, threads)
+        rates.append(threads * iters * per_iter / (time.perf_counter() - t0) / 1e9)
+    return {"gflops": statistics.median(rates), "threads": threads, "isa": eng.isa,
+            "runs": rates}
+
+
+def supports(geom: ConvGeometry, dtype) -> str | None:
+    why = available()
+    if why is not None:
+        return f"native engine unavailable: {why}"
+    if np.dtype(dtype) != np.float32:
+        return f"computes in float32 only, not {np.dtype(dtype)}"
+    if geom.spatial_rank > 3:
+        return "1-D, 2-D and 3-D only"
+    return None
+
+
+def workspace(geom: ConvGeometry, op: str) -> dict[str, int]:
+    """An upper bound of the engine's temporary memory for one call, by part: the
+    per-thread scratch (converted input lines, channels-first output lines, weight
+    gradient panels; reused across calls), the packed weights, the partial weight
+    gradients.  Nothing is proportional to a whole data tensor."""
+    threads = _threads(geom.flops)
+    eng = engine() if available() is None else None
+    vl = eng.vl if eng else 8
+    G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
+    T = math.prod(geom.kernel)
+    k3, s3 = _pad3(geom.kernel, 1), _pad3(geom.strides, 1)
+    if op in ("fwd", "dgrad"):
+        cin, cout = (geom.c, geom.o) if op == "fwd" else (geom.o, geom.c)
+        lin = _pad3(geom.in_sizes if op == "fwd" else geom.out_sizes, 1)
+        uw = _pad3(geom.out_sizes if op == "fwd" else geom.in_sizes, 1)[2]
+        # at least one output line's input rows and output row, whatever the budgets
+        rows = k3[0] * k3[1] * lin[2] * cin * 4
+        per_thread = max(PACK_BYTES, rows) + max(CORR_OUT_BYTES, uw * cout * 4)
+        nb = _nv_for(cout // G, vl) * vl
+        panels = G * -(-(cout // G) // nb) * nb * T * (cin // G) * 4
+        return {"per-thread scratch": threads * per_thread, "weight panels": panels}
+    nv = _nv_for(og, vl)
+    nb, mr = nv * vl, (eng.mr_of if eng else (12, 6, 4, 3))[nv - 1]
+    apad, bpad = G * -(-cg // mr) * mr, G * -(-og // nb) * nb
+    plan_chunk = WGRAD_MAX_CHUNK
+    l3, m3 = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)
+    band = max(1, -(-plan_chunk // max(1, m3[2])))
+    lines = ((band * s3[1] + k3[1]) * k3[0] * l3[2] * geom.c + band * m3[2] * geom.o) * 4
+    per_thread = 4 * ((plan_chunk + 64) * apad + 2 * plan_chunk * bpad) + lines
+    dw = 4 * T * cg * geom.o
+    chunks = max(1, min(geom.n * m3[0] * m3[1], WGRAD_CHUNKS))
+    parts = {"per-thread scratch": threads * per_thread}
+    if dw * chunks <= PARTIALS_BYTES:
+        parts["partial weight gradients"] = dw * chunks
+    return parts
+
+
+def memory(call) -> dict[str, int]:
+    """The registry's memory estimate (kernels.Call): no input copies (inputs are
+    read in place or converted a block of lines at a time), the float32 result
+    when the caller keeps another (a float16/bfloat16 call, or another layout),
+    and :func:`workspace`."""
+    from . import ROLES
+    parts = {}
+    if call.op == "wgrad":
+        layout = "nxc"
+    else:
+        data = call.a if call.op == "fwd" else call.b
+        layout = "nxc" if "nxc" in data.layouts or "ncx" not in data.layouts else "ncx"
+    if call.out.dtype != np.float32 or layout not in call.out.layouts:
+        parts[f"{ROLES[call.op][2]} before the caller's copy"] = call.out.size * 4
+    parts.update(workspace(call.geom, call.op))
+    return parts
+
+
+def _threads(flops: int) -> int:
+    n = settings.threads()
+    n = cpu_count() if n is None else n
+    return 1 if flops < SERIAL_FLOPS else max(1, n)
+
+
+def _tensor(a: np.ndarray) -> _Tensor:
+    """An (N, *S, C) view as a 5-axis descriptor (leading spatial axes of size 1)."""
+    code = DTYPE_CODES.get(a.dtype)
+    if code is None:
+        raise ConvGradError(f"native engine: unsupported dtype {a.dtype}")
+    es = a.itemsize
+    st = [s // es for s in a.strides]
+    r = a.ndim - 2
+    strides = [st[0]] + [0] * (3 - r) + st[1:]
+    return _Tensor(a.ctypes.data, code, (ctypes.c_int64 * 5)(*strides))
+
+
+def _pad3(v, fill):
+    v = tuple(v)
+    return (fill,) * (3 - len(v)) + v
+
+
+def _i64(values) -> np.ndarray:
+    return np.ascontiguousarray(np.array(values, dtype=np.int64).reshape(-1))
+
+
+def _nv_for(channels: int, vl: int) -> int:
+    """Vectors per output block: few wasted lanes, else the widest block."""
+    best, best_key = 1, None
+    for nv in (1, 2, 3, 4):
+        nb = nv * vl
+        blocks = -(-channels // nb)
+        waste = blocks * nb - channels
+        if nv > 1 and nb > channels + vl - 1:
+            continue
+        key = (waste > (vl // 2) * blocks, -nv if nv <= 2 else -1.5, waste)
+        if best_key is None or key < best_key:
+            best, best_key = nv, key
+    return best
+
+
+def _alloc_like(data: np.ndarray, n: int, sizes, channels: int) -> np.ndarray:
+    """A float32 result (N, *sizes, channels) laid out in ``data``'s memory order:
+    channels first in memory when ``data`` is (an NXC view of) an NCX array."""
+    chan_first = data.ndim > 2 and data.shape[-1] > 1 and all(
+        data.strides[-1] >= abs(s) for s, m in zip(data.strides[1:-1], data.shape[1:-1])
+        if m > 1)
+    if chan_first:
+        return np.moveaxis(np.empty((n, channels, *sizes), np.float32), 1, -1)
+    return np.empty((n, *sizes, channels), np.float32)
+
+
+def _weights_2d(w: np.ndarray) -> np.ndarray:
+    """``(*K, A, B)`` weights as ``(T, A, B)`` (a view when the taps flatten)."""
+    return w.reshape(-1, w.shape[-2], w.shape[-1])
+
+
+def _weights(eng: Engine, w3: np.ndarray, A: int, B: int, sa: int, sb: int, gstride: int,
+             groups: int, nv: int, threads: int):
+    """The corr kernel's weights: ``(array, wg, wob, wt, wc)``, block ``ob`` of group
+    ``g``, tap ``t``, row ``a`` (an input channel of the correlation) at element
+    ``g*wg + ob*wob + t*wt + a*wc`` (NB = nv * VL columns from there).  ``w3``
+    (T, ., .) holds element (t, a, b) of group g at ``t*st + a*sa + b*sb + g*gstride``.
+    Read in place when it is float32 with unit column stride and whole blocks;
+    else packed into panels [g][ob][t][a][NB] (zero columns past B)."""
+    T = w3.shape[0]
+    nb = nv * eng.vl
+    nblk = -(-B // nb)
+    st = w3.strides[0] // w3.itemsize
+    if w3.dtype == np.float32 and (sb == 1 or B == 1) and B % nb == 0 and WEIGHTS_IN_PLACE:
+        return w3, gstride, nb, st, sa
+    out = scratch("native-panels", (groups * nblk * T * A * nb,), np.float32, zero=False)
+    code = DTYPE_CODES[w3.dtype]
+
+    def run(lo, hi):
+        eng.lib.cg_pack_panels(w3.ctypes.data, code, T, A, B, st, sa, sb, gstride, nv,
+                               out.ctypes.data, lo, hi)
+    _pool.run_ranges(run, groups * nblk, threads if out.nbytes > 2**20 else 1, per_thread=1)
+    return out, nblk * T * A * nb, T * A * nb, A * nb, nb
+
+
+# -- plans: everything about a call that depends on its geometry only (cached) ---------------
+
+@dataclass(frozen=True)
+class CorrPlan:
+    """One corr problem: the forward convolution (``kind="fwd"``) or the data
+    gradient (``"dgrad"``) as a correlation of ``inp`` (x or dy) into ``out``."""
+    n: int
+    lin: tuple            # input spatial sizes (3-D)
+    cin: int              # input channels of the correlation (C for fwd, O for dgrad)
+    cout: int
+    groups: int
+    istep: tuple
+    ostep: tuple
+    phases: np.ndarray    # per phase: or[3], U[3], tap_begin, tap_end
+    taps: np.ndarray      # per tap entry: off[3], weight tap
+    ntap_w: int
+    nv: int
+    rmax: int
+    ob_group: int
+    items: np.ndarray     # per item: phase, first line, end line
+
+
+def _corr_taps(geom: ConvGeometry, kind: str):
+    """The phases and tap entries of the correlation (see engine.cpp)."""
+    k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
+                      _pad3(geom.pads_begin, 0))
+    if kind == "fwd":
+        taps = [(kd * d3[0] - p3[0], kh * d3[1] - p3[1], kw * d3[2] - p3[2], t)
+                for t, (kd, kh, kw) in enumerate(np.ndindex(*k3))]
+        return [(0, 0, 0, *_pad3(geom.out_sizes, 1), 0, len(taps))], taps
+    # dgrad, one stride phase r at a time: dx[q*s + r] = sum over the taps with
+    # (r + pb - t*d) % s == 0 of dy[q + (r + pb - t*d) / s] . w[t]^T
+    l3 = _pad3(geom.in_sizes, 1)
+    taps, phases = [], []
+    for r in np.ndindex(*s3):
+        counts = [-(-(L - ri) // s) if ri < L else 0 for L, ri, s in zip(l3, r, s3)]
+        begin = len(taps)
+        for t, k in enumerate(np.ndindex(*k3)):
+            num = [ri + p - ki * d for ri, p, ki, d in zip(r, p3, k, d3)]
+            if all(v % s == 0 for v, s in zip(num, s3)):
+                taps.append((*(v // s for v, s in zip(num, s3)), t))
+        if all(counts):
+            phases.append((*r, *counts, begin, len(taps)))
+    return phases, taps
+
+
+@functools.lru_cache(maxsize=256)
+def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: int,
+              packed: bool, out_buffered: bool) -> CorrPlan:
+    """The work decomposition of a forward or data gradient call (pure, cached)."""
+    G = geom.groups
+    if kind == "fwd":
+        n, lin, cin, cout = geom.n, _pad3(geom.in_sizes, 1), geom.c, geom.o
+        istep, ostep = _pad3(geom.strides, 1), (1, 1, 1)
+    else:
+        n, lin, cin, cout = geom.n, _pad3(geom.out_sizes, 1), geom.o, geom.c
+        istep, ostep = (1, 1, 1), _pad3(geom.strides, 1)
+    nv = _nv_for(cout // G, vl)
+    phases, taps = _corr_taps(geom, kind)
+    ph = np.asarray(phases, np.int64).reshape(-1, 8)
+    t4 = _i64(taps or [(0, 0, 0, 0)]).reshape(-1, 4)
+    ntap_w = math.prod(geom.kernel)
+    nb = nv * vl
+    panel_bytes = ntap_w * (cin // G) * nb * 4
+    # weight blocks small enough for L1 are swept one at a time (each stays in L1
+    # while the item's pixels pass), larger ones a few at a time (in L2)
+    ob_group = 1 if panel_bytes <= CORR_L1_WEIGHT_BYTES else max(
+        1, min(-(-(cout // G) // nb), CORR_WEIGHT_BYTES // max(1, panel_bytes)))
+    # work items: ranges of output lines of one phase (lines numbered over n, d, h):
+    # several per thread; an item's input rows stay in cache (and, when they are
+    # converted, in the per-thread scratch), its output rows too when they are
+    # computed into a buffer (channels-first results)
+    total = sum(int(p[3] * p[4]) for p in ph) * n
+    line_bytes = lin[2] * cin * 4
+    budget = PACK_BYTES if packed else CORR_ITEM_BYTES
+    items = []
+    for k, p in enumerate(ph):
+        lines = n * int(p[3] * p[4])
+        rows_h = len(set(t4[p[6]:p[7], 1].tolist())) or 1
+        rows_d = len(set(t4[p[6]:p[7], 0].tolist())) or 1
+        out_line = int(p[5]) * cout * 4 if out_buffered else 0
+        band = max(1, total // (4 * threads))
+        while band > 1 and (rows_d * (band * istep[1] + rows_h) * line_bytes > budget
+                            or band * out_line > CORR_OUT_BYTES):
+            band = max(1, band // 2)
+        items += [(k, lo, min(lines, lo + band)) for lo in range(0, lines, band)]
+    plan = CorrPlan(n, lin, cin, cout, G, istep, ostep, ph, t4, ntap_w, nv, rmax_of[nv - 1],
+                    ob_group, _i64(items).reshape(-1, 3))
+    for a in (plan.phases, plan.taps, plan.items):
+        a.setflags(write=False)
+    return plan
+
+
+def _is_packed(a: np.ndarray) -> bool:
+    """Whether the kernels convert ``a`` (not float32 with unit channel stride)."""
+    return not (a.dtype == np.float32 and a.strides[-1] == a.itemsize)
+
+
+def _corr(eng: Engine, plan: CorrPlan, inp: np.ndarray, out: np.ndarray, weights,
+          threads: int) -> None:
+    """Run the corr kernel over every work item of ``plan`` (see engine.cpp)."""
+    if not len(plan.items):
+        return
+    warr, wg, wob, wt, wc = weights
+    ostr = [s // out.itemsize for s in out.strides]
+    r = out.ndim - 2
+    ostr5 = [ostr[0]] + [0] * (3 - r) + ostr[1:]
+    prob = _Corr(_tensor(inp), out.ctypes.data, (_I64 * 5)(*ostr5), plan.n,
+                 (_I64 * 3)(*plan.lin), plan.cin, plan.cout, plan.groups,
+                 (_I64 * 3)(*plan.istep), (_I64 * 3)(*plan.ostep), plan.phases.ctypes.data,
+                 plan.taps.ctypes.data, warr.ctypes.data, wg, wob, wt, wc, plan.ntap_w,
+                 plan.nv, plan.rmax, plan.ob_group, plan.items.ctypes.data)
+    pp = ctypes.addressof(prob)
+
+    def run(lo, hi):
+        need = int(eng.lib.cg_corr_scratch(pp, lo, hi))
+        buf = scratch("native-pack", (max(need, 16),), np.float32, zero=False)
+        eng.lib.cg_corr_run(pp, lo, hi, buf.ctypes.data)
+    _pool.run_ranges(run, len(plan.items), threads)
+    del prob
+
+
+def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry) -> np.ndarray:
+    """Forward convolution: x (N, *L, C), w (*K, C/G, O) -> y (N, *M, O) float32."""
+    eng = engine()
+    G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
+    y = _alloc_like(x, geom.n, geom.out_sizes, geom.o)
+    if y.size == 0:
+        return y
+    if x.size == 0 or w.size == 0:
+        y[...] = 0
+        return y
+    threads = _threads(geom.flops)
+    plan = corr_plan(geom, "fwd", eng.vl, eng.rmax_of, threads, _is_packed(x),
+                     y.strides[-1] != y.itemsize)
+    w3 = _weights_2d(w)
+    es = w3.itemsize
+    weights = _weights(eng, w3, cg, og, w3.strides[1] // es, w3.strides[2] // es,
+                       og * (w3.strides[2] // es), G, plan.nv, threads)
+    _corr(eng, plan, x, y, weights, threads)
+    return y
+
+
+def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
+    """Data gradient: w (*K, C/G, O), dy (N, *M, O) -> dx (N, *L, C) float32, one stride
+    phase at a time (see :func:`_corr_taps`)."""
+    eng = engine()
+    G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
+    dx = _alloc_like(dy, geom.n, geom.in_sizes, geom.c)
+    if dx.size == 0:
+        return dx
+    if dy.size == 0 or w.size == 0:
+        dx[...] = 0
+        return dx
+    threads = _threads(geom.flops)
+    plan = corr_plan(geom, "dgrad", eng.vl, eng.rmax_of, threads, _is_packed(dy),
+                     dx.strides[-1] != dx.itemsize)
+    w3 = _weights_2d(w)
+    es = w3.itemsize
+    # panel rows: dy channels o of the group; columns: dx channels c of the group
+    weights = _weights(eng, w3, og, cg, w3.strides[2] // es, w3.strides[1] // es,
+                       og * (w3.strides[2] // es), G, plan.nv, threads)
+    _corr(eng, plan, dy, dx, weights, threads)
+    return dx
+
+
+@dataclass(frozen=True)
+class WgradPlan:
+    nv: int
+    chunk: int            # positions per packed chunk
+    items: np.ndarray     # per item: first and end output line (numbered over n, d, h)
+    split_outputs: bool   # threads split the output channels (else the positions)
+    chunks: int           # position chunks with partial gradients (not split_outputs)
+    nblocks: int          # output blocks over all groups
+
+
+@functools.lru_cache(maxsize=256)
+def wgrad_plan(geom: ConvGeometry, vl: int, mr_of: tuple, consts: tuple) -> WgradPlan:
+    """The work decomposition of a weight gradient (pure, cached).  Results do not
+    depend on the thread count: either every output block sums all positions in
+    order (split over the output channels), or the positions are cut into
+    ``chunks`` chunks, one partial gradient each, summed in chunk order.  Work
+    items are ranges of output lines, a chunk of positions or more each."""
+    panel_bytes, min_chunk, max_chunk, nchunks, partials_bytes = consts
+    G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
+    nv = _nv_for(og, vl)
+    nb, mr = nv * vl, mr_of[nv - 1]
+    m3 = _pad3(geom.out_sizes, 1)
+    # positions per packed chunk: its panels (x rows and dy rows of the chunk)
+    per_position = 4 * G * (-(-cg // mr) * mr + -(-og // nb) * nb)
+    chunk = max(min_chunk, min(max_chunk, panel_bytes // per_position))
+    lines = geom.n * m3[0] * m3[1]
+    nblocks = G * -(-og // nb)
+    chunks = max(1, min(lines, nchunks))
+    dw_bytes = 4 * math.prod(geom.kernel) * cg * geom.o
+    split_outputs = dw_bytes * chunks > partials_bytes and nblocks >= 2
+    band = max(1, -(-chunk // max(1, m3[2])))
+    if not split_outputs:
+        band = max(1, min(band, lines // chunks))
+    items = _i64([(lo, min(lines, lo + band)) for lo in range(0, lines, band)]).reshape(-1, 2)
+    items.setflags(write=False)
+    return WgradPlan(nv, chunk, items, split_outputs, min(chunks, len(items)), nblocks)
+
+
+def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
+    """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32."""
+    eng = engine()
+    G, cg = geom.groups, geom.c // geom.groups
+    dw = np.zeros((*geom.kernel, cg, geom.o), np.float32)
+    if dw.size == 0 or x.size == 0 or dy.size == 0:
+        return dw
+    threads = _threads(geom.flops)
+    plan = wgrad_plan(geom, eng.vl, eng.mr_of, (WGRAD_PANEL_BYTES, WGRAD_MIN_CHUNK,
+                                                WGRAD_MAX_CHUNK, WGRAD_CHUNKS, PARTIALS_BYTES))
+    nitems, nblocks = len(plan.items), plan.nblocks
+    k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
+                      _pad3(geom.pads_begin, 0))
+    l3, m3 = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)
+    prob = _Wgrad(_tensor(x), _tensor(dy), geom.n, (_I64 * 3)(*l3), geom.c, (_I64 * 3)(*m3),
+                  geom.o, G, (_I64 * 3)(*k3), (_I64 * 3)(*s3), (_I64 * 3)(*d3), (_I64 * 3)(*p3),
+                  plan.nv, plan.chunk, WGRAD_LINE_MIN, int(WGRAD_DIRECT_X),
+                  plan.items.ctypes.data)
+    pp = ctypes.addressof(prob)
+
+    def task(lo, hi, oblo, obhi, out):
+        def run():
+            need = int(eng.lib.cg_wgrad_scratch(pp, lo, hi))
+            buf = scratch("native-pack", (max(need, 16),), np.float32, zero=False)
+            eng.lib.cg_wgrad_run(pp, lo, hi, oblo, obhi, out.ctypes.data, buf.ctypes.data)
+        return run
+
+    if plan.split_outputs:
+        _pool.run_tasks([task(0, nitems, lo, hi, dw)
+                         for lo, hi in _pool.split(nblocks, threads)], threads)
+    elif plan.chunks == 1:
+        task(0, nitems, 0, nblocks, dw)()
+    else:
+        parts = scratch("native-partials", (plan.chunks, dw.size), np.float32, zero=True)
+        _pool.run_tasks([task(lo, hi, 0, nblocks, parts[i])
+                         for i, (lo, hi) in enumerate(_pool.split(nitems, plan.chunks))],
+                        threads)
+        np.add.reduce(parts, axis=0, out=dw.reshape(-1))
+    del prob
+    return dw

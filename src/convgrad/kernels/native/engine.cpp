@@ -1,0 +1,1068 @@
+// convgrad's native compute engine: register-blocked direct convolution.
+//
+// Two kernels cover the three ops (see docs/kernels.md):
+//
+// * corr  -- out[u] = sum_t sum_c in[u*is + off_t, c] * W_t[c, :]: the forward
+//   convolution (in = x, is = stride) and, one stride phase at a time, the data
+//   gradient (in = dy, is = 1, the output interleaved with step = stride).  A
+//   tile of R output pixels x NV vectors of output channels lives in registers
+//   across all taps and input channels.
+// * wgrad -- dw[t, c, o] = sum_p x[p*s + t*d - pb, c] * dy[p, o]: a tile of MR
+//   input channels x NV vectors of output channels in registers, reducing over
+//   the output positions.
+//
+// Padding is never an operand: output pixels are split into segments along the
+// innermost axis on which the set of valid taps is constant, and a tap is only
+// applied where it reads the input (docs/decisions.md D17).
+//
+// Every entry point is single-threaded and works on a range of work items that
+// write disjoint outputs; the Python side (native.py) runs ranges on its
+// threads.  Inputs are read through strided views of any of float32, float16
+// and bfloat16; views that are not float32 with unit channel stride are
+// converted into a caller-provided scratch buffer one block of lines at a time.
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "simd.h"
+
+using namespace cg;
+
+namespace {
+
+// A strided view in the kernel's axis order: n, d, h, w, c (elements).
+struct Tensor {
+    const void* ptr;
+    int64_t dtype;
+    int64_t stride[5];
+};
+
+inline int64_t itemsize(int64_t dtype) { return dtype == F32 ? 4 : 2; }
+
+inline const char* at(const Tensor& t, int64_t n, int64_t d, int64_t h, int64_t w,
+                      int64_t c) {
+    return (const char*)t.ptr + itemsize(t.dtype) * (n * t.stride[0] + d * t.stride[1] +
+                                                     h * t.stride[2] + w * t.stride[3] +
+                                                     c * t.stride[4]);
+}
+
+inline bool direct_f32(const Tensor& t) { return t.dtype == F32 && t.stride[4] == 1; }
+
+// Copy the lines (d, h) for d in ds, h in hs of sample n (all W pixels, all C
+// channels) to dst as float32 [d][h][w][c].
+void pack_lines(float* dst, const Tensor& t, int64_t n, const std::vector<int64_t>& ds,
+                const std::vector<int64_t>& hs, int64_t W, int64_t C) {
+    const int64_t sw = t.stride[3], sc = t.stride[4];
+    for (size_t i = 0; i < ds.size(); i++) {
+        for (size_t j = 0; j < hs.size(); j++) {
+            const int64_t d = ds[i], h = hs[j];
+            float* o = dst + (i * hs.size() + j) * W * C;
+            if (sc == 1 || sw > sc) {
+                for (int64_t w = 0; w < W; w++) convert_run(o + w * C, at(t, n, d, h, w, 0),
+                                                            t.dtype, sc, C);
+            } else {
+                // channels outermost in memory (NCX): blocks of 16 channels x 64
+                // pixels, read along w, written as 16-channel runs
+                float tmp[16][64];
+                for (int64_t c0 = 0; c0 < C; c0 += 16) {
+                    const int64_t cn = std::min<int64_t>(16, C - c0);
+                    for (int64_t w0 = 0; w0 < W; w0 += 64) {
+                        const int64_t wn = std::min<int64_t>(64, W - w0);
+                        for (int64_t c = 0; c < cn; c++)
+                            convert_run(tmp[c], at(t, n, d, h, w0, c0 + c), t.dtype, sw, wn);
+                        for (int64_t k = 0; k < wn; k++) {
+                            float* row = o + (w0 + k) * C + c0;
+                            for (int64_t c = 0; c < cn; c++) row[c] = tmp[c][k];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+inline int64_t index_of(const std::vector<int64_t>& v, int64_t x) {
+    return std::lower_bound(v.begin(), v.end(), x) - v.begin();
+}
+
+// Range of u in [0, U) with 0 <= u*step + off < L.
+inline void valid_range(int64_t U, int64_t step, int64_t off, int64_t L, int64_t& u0,
+                        int64_t& u1) {
+    // u*step + off >= 0  <=>  u >= ceil(-off / step)
+    int64_t lo = off >= 0 ? 0 : (-off + step - 1) / step;
+    // u*step + off <= L - 1  <=>  u <= floor((L - 1 - off) / step)
+    int64_t num = L - 1 - off;
+    int64_t hi = num < 0 ? 0 : num / step + 1;
+    u0 = std::max<int64_t>(0, lo);
+    u1 = std::min<int64_t>(U, hi);
+    if (u1 < u0) u1 = u0;
+}
+
+// ---------------------------------------------------------------------------------------
+// corr: the register tile
+
+// Tile shapes per ISA: R pixels x B blocks of NV vectors, R*NV*B accumulators
+// (ACC of the 16 ymm / 32 zmm registers; the rest hold weights and a broadcast).
+#if CG_VL == 16
+constexpr int ACC = 28;
+constexpr int CORR_RMAX[5] = {0, 24, 14, 9, 6};
+#else
+constexpr int ACC = 12;
+constexpr int CORR_RMAX[5] = {0, 12, 6, 4, 3};
+#endif
+constexpr int BMAX = 4;
+
+// Output blocks a tile of R pixels takes at once: narrow tiles (the pixels at an
+// image border, or a short line) still keep enough independent accumulators.
+constexpr int corr_blocks(int r, int nv) {
+    int b = ACC / (r * nv);
+    return b < 1 ? 1 : (b > BMAX ? BMAX : b);
+}
+
+// out_i[b*NB + j] = sum_t sum_c x_{t,i}[c] * w_t[b][c*NB + j] for R pixels i and
+// B blocks b: xp[t*R + i] is pixel i's input row for tap t (channel 0 of its
+// group), wp[t] block 0's weights for tap t (input channel c at wp[t] + c*wc), the
+// next blocks wstride floats apart.
+// Pixels of one tile may come from different lines (they share their taps).
+template <int R, int NV, int B>
+void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t wstride,
+               int64_t wc, int64_t cin, float* const* out, int64_t ochan, int nvalid) {
+    constexpr int NB = NV * VL;
+    vf acc[R][B][NV];
+#pragma GCC unroll 64
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int b = 0; b < B; b++)
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++) acc[i][b][v] = zero();
+    for (int t = 0; t < ntap; t++) {
+        const float* x[R];
+#pragma GCC unroll 64
+        for (int i = 0; i < R; i++) x[i] = xp[t * R + i];
+        const float* w = wp[t];
+        for (int64_t c = 0; c < cin; c++) {
+            vf wv[B][NV];
+#pragma GCC unroll 8
+            for (int b = 0; b < B; b++)
+#pragma GCC unroll 8
+                for (int v = 0; v < NV; v++) wv[b][v] = load(w + b * wstride + c * wc + v * VL);
+#pragma GCC unroll 64
+            for (int i = 0; i < R; i++) {
+                vf s = bcast(x[i][c]);
+#pragma GCC unroll 8
+                for (int b = 0; b < B; b++)
+#pragma GCC unroll 8
+                    for (int v = 0; v < NV; v++) acc[i][b][v] += s * wv[b][v];
+            }
+        }
+    }
+    // nvalid counts the valid channels of all B blocks (only the last may be partial)
+    if (ochan == 1 && nvalid == B * NB) {
+#pragma GCC unroll 64
+        for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+            for (int b = 0; b < B; b++)
+#pragma GCC unroll 8
+                for (int v = 0; v < NV; v++) store(out[i] + b * NB + v * VL, acc[i][b][v]);
+    } else if (ochan == 1) {
+        for (int i = 0; i < R; i++)
+            for (int b = 0; b < B; b++)
+                for (int v = 0; v < NV; v++) {
+                    int n = nvalid - b * NB - v * VL;
+                    if (n >= VL) store(out[i] + b * NB + v * VL, acc[i][b][v]);
+                    else if (n > 0) store_n(out[i] + b * NB + v * VL, acc[i][b][v], n);
+                }
+    } else {
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < nvalid; j++)
+                out[i][j * ochan] = acc[i][j / NB][(j % NB) / VL][j % VL];
+    }
+}
+
+typedef void (*corr_fn)(int, const float* const*, const float* const*, int64_t, int64_t,
+                        int64_t, float* const*, int64_t, int);
+
+// fns[(R - 1) * BMAX + (B - 1)] for B <= corr_blocks(R, NV), else null
+template <int NV, int K>
+constexpr corr_fn corr_pick() {
+    constexpr int R = K / BMAX + 1, B = K % BMAX + 1;
+    if constexpr (B <= corr_blocks(R, NV)) return &corr_tile<R, NV, B>;
+    else return nullptr;
+}
+
+template <int NV, int... K>
+constexpr auto corr_fns_impl(std::integer_sequence<int, K...>) {
+    return std::array<corr_fn, sizeof...(K)>{corr_pick<NV, K>()...};
+}
+
+template <int NV>
+const corr_fn* corr_fns() {
+    static const auto table =
+        corr_fns_impl<NV>(std::make_integer_sequence<int, CORR_RMAX[NV] * BMAX>{});
+    return table.data();
+}
+
+inline const corr_fn* corr_table(int nv) {
+    switch (nv) {
+        case 1: return corr_fns<1>();
+        case 2: return corr_fns<2>();
+        case 3: return corr_fns<3>();
+        default: return corr_fns<4>();
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+// The correlation problem (see native.py: CorrProblem, same field order).
+struct CorrProblem {
+    Tensor in;                 // n, d, h, w, c: the input of the correlation
+    float* out;                // float32 output
+    int64_t ostride[5];        // its strides, n, d, h, w, c (elements)
+    int64_t N, Lin[3], Cin, Cout, groups;
+    int64_t is[3];             // input step per output index
+    int64_t os[3];             // output step per output index
+    const int64_t* phases;     // per phase: or[3], U[3], tap_begin, tap_end
+    const int64_t* taps;       // per tap entry: off[3], weight tap index
+    const float* wpk;          // weights: block ob of group g, tap t, input channel c at
+                               // wpk + g*wg + ob*wob + t*wt + c*wc (NB floats)
+    int64_t wg, wob, wt, wc;
+    int64_t ntap_w;            // weight taps
+    int64_t nv;                // NB = nv * VL output channels per block
+    int64_t r;                 // pixels per tile (<= CORR_RMAX[nv])
+    int64_t ob_group;          // output blocks whose weight panels an item sweeps at once
+    const int64_t* items;      // per item: phase, first line, end line (lines of the
+                               // phase numbered (n * Ud + ud) * Uh + uh)
+};
+
+const char* cg_isa(void) { return CG_ISA_NAME; }
+int64_t cg_vector_floats(void) { return VL; }
+int64_t cg_corr_rmax(int64_t nv) { return nv >= 1 && nv <= 4 ? CORR_RMAX[nv] : 0; }
+
+// Floats of scratch the items [lo, hi) need at most (packing the input).
+int64_t cg_corr_scratch(const CorrProblem* P, int64_t lo, int64_t hi);
+
+void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch);
+
+}  // extern "C"
+
+namespace {
+
+// One output line of an item: where it is, and per tap of its phase the input
+// line (null when the tap reads only padding there) and the w range it reads.
+struct LineTaps {
+    int64_t n, ud, uh;
+    float* out;                  // output pixel u = 0 of the line
+};
+
+inline void decode_line(const int64_t* ph, int64_t l, int64_t& n, int64_t& ud, int64_t& uh) {
+    const int64_t Ud = ph[3], Uh = ph[4];
+    n = l / (Ud * Uh);
+    ud = (l / Uh) % Ud;
+    uh = l % Uh;
+}
+
+// Keys (n * Lin0 + d) * Lin1 + h of the input lines the item reads, sorted.
+void item_line_keys(const CorrProblem* P, const int64_t* item, std::vector<int64_t>& keys) {
+    const int64_t* ph = P->phases + 8 * item[0];
+    keys.clear();
+    for (int64_t l = item[1]; l < item[2]; l++) {
+        int64_t n, ud, uh;
+        decode_line(ph, l, n, ud, uh);
+        for (int64_t k = ph[6]; k < ph[7]; k++) {
+            const int64_t* tp = P->taps + 4 * k;
+            const int64_t d = ud * P->is[0] + tp[0], h = uh * P->is[1] + tp[1];
+            if (d >= 0 && d < P->Lin[0] && h >= 0 && h < P->Lin[1])
+                keys.push_back((n * P->Lin[0] + d) * P->Lin[1] + h);
+        }
+    }
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+}
+
+// Convert the keyed lines (all W pixels, all C channels) to dst, float32 [key][w][c].
+void pack_keyed_lines(float* dst, const Tensor& t, const std::vector<int64_t>& keys,
+                      int64_t L0, int64_t L1, int64_t W, int64_t C) {
+    std::vector<int64_t> d1(1), h1(1);
+    for (size_t i = 0; i < keys.size(); i++) {
+        const int64_t k = keys[i], n = k / (L0 * L1);
+        d1[0] = (k / L1) % L0;
+        h1[0] = k % L1;
+        pack_lines(dst + i * W * C, t, n, d1, h1, W, C);
+    }
+}
+
+// A set of output pixels sharing their valid taps, in item order.
+struct PixelClass {
+    std::vector<int64_t> taps;       // tap entries of the phase
+    std::vector<int32_t> line;       // per pixel: index into the item's lines
+    std::vector<int64_t> u;          // per pixel: position on its line
+};
+
+}  // namespace
+
+int64_t cg_corr_scratch(const CorrProblem* P, int64_t lo, int64_t hi) {
+    const bool packed = !direct_f32(P->in), obuf = P->ostride[4] != 1;
+    int64_t most = 0;
+    std::vector<int64_t> keys;
+    for (int64_t it = lo; it < hi; it++) {
+        const int64_t* item = P->items + 3 * it;
+        int64_t need = 0;
+        if (packed) {
+            item_line_keys(P, item, keys);
+            need += (int64_t)keys.size() * P->Lin[2] * P->Cin;
+        }
+        if (obuf) need += (item[2] - item[1]) * P->phases[8 * item[0] + 5] * P->Cout;
+        most = std::max(most, need);
+    }
+    return most;
+}
+
+void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
+    const int64_t G = P->groups, cin_g = P->Cin / G, cout_g = P->Cout / G;
+    const int nv = (int)P->nv, NB = nv * VL;
+    const int64_t nob = (cout_g + NB - 1) / NB;
+    const int rmax = (int)P->r;
+    const corr_fn* fns = corr_table(nv);
+    const bool packed = !direct_f32(P->in);
+    const int64_t W = P->Lin[2];
+    const int64_t bg = std::max<int64_t>(1, P->ob_group);
+    const int64_t* os = P->os;
+    const int64_t xpix = packed ? P->Cin : P->in.stride[3];
+    // outputs whose channels are not contiguous (NCX callers) are computed into a
+    // channels-last buffer per item and transposed into place line by line
+    const bool obuf = P->ostride[4] != 1;
+    const int64_t ochan = obuf ? 1 : P->ostride[4];
+
+    std::vector<int64_t> keys;
+    std::vector<LineTaps> lines;
+    std::vector<const float*> lptr;              // [line][tap]: input line or null
+    std::vector<int64_t> u0s, u1s;               // [line][tap]: w range
+    std::vector<PixelClass> classes;
+    std::vector<int64_t> bps, valid;
+    std::vector<const float*> xt, wt;
+    float* optr[64];
+
+    for (int64_t it = lo; it < hi; it++) {
+        const int64_t* item = P->items + 3 * it;
+        const int64_t* ph = P->phases + 8 * item[0];
+        const int64_t ord = ph[0], orh = ph[1], orw = ph[2];
+        const int64_t Uw = ph[5];
+        const int64_t tb = ph[6], te = ph[7], nt = te - tb;
+        if (packed) {
+            item_line_keys(P, item, keys);
+            pack_keyed_lines(scratch, P->in, keys, P->Lin[0], P->Lin[1], W, P->Cin);
+        }
+        float* const outbuf = scratch + (packed ? (int64_t)keys.size() * W * P->Cin : 0);
+        // per line: the taps' input lines and w ranges; pixels grouped by valid taps
+        const int64_t nl = item[2] - item[1];
+        const int64_t opix = obuf ? P->Cout : os[2] * P->ostride[3];
+        lines.resize(nl);
+        lptr.assign(nl * nt, nullptr);
+        u0s.assign(nl * nt, 0);
+        u1s.assign(nl * nt, 0);
+        for (auto& c : classes) {
+            c.line.clear();
+            c.u.clear();
+        }
+        size_t ncls = 0;
+        for (int64_t li = 0; li < nl; li++) {
+            int64_t n, ud, uh;
+            decode_line(ph, item[1] + li, n, ud, uh);
+            LineTaps& L = lines[li];
+            L.n = n, L.ud = ud, L.uh = uh;
+            L.out = obuf ? outbuf + li * Uw * P->Cout
+                         : P->out + n * P->ostride[0] + (ud * os[0] + ord) * P->ostride[1] +
+                               (uh * os[1] + orh) * P->ostride[2] + orw * P->ostride[3];
+            bps.assign({0, Uw});
+            for (int64_t k = 0; k < nt; k++) {
+                const int64_t* tp = P->taps + 4 * (tb + k);
+                const int64_t dd = ud * P->is[0] + tp[0], hh = uh * P->is[1] + tp[1];
+                if (dd < 0 || dd >= P->Lin[0] || hh < 0 || hh >= P->Lin[1]) continue;
+                int64_t a, b;
+                valid_range(Uw, P->is[2], tp[2], W, a, b);
+                if (b <= a) continue;
+                const float* line;
+                if (packed) {
+                    const int64_t key = (n * P->Lin[0] + dd) * P->Lin[1] + hh;
+                    line = scratch + (std::lower_bound(keys.begin(), keys.end(), key) -
+                                      keys.begin()) * W * P->Cin;
+                } else {
+                    line = (const float*)at(P->in, n, dd, hh, 0, 0);
+                }
+                lptr[li * nt + k] = line;
+                u0s[li * nt + k] = a;
+                u1s[li * nt + k] = b;
+                bps.push_back(a);
+                bps.push_back(b);
+            }
+            std::sort(bps.begin(), bps.end());
+            bps.erase(std::unique(bps.begin(), bps.end()), bps.end());
+            for (size_t s = 0; s + 1 < bps.size(); s++) {
+                const int64_t a = bps[s], e = bps[s + 1];
+                valid.clear();
+                for (int64_t k = 0; k < nt; k++)
+                    if (lptr[li * nt + k] && u0s[li * nt + k] <= a && u1s[li * nt + k] >= e)
+                        valid.push_back(k);
+                size_t c = 0;
+                while (c < ncls && classes[c].taps != valid) c++;
+                if (c == ncls) {
+                    if (ncls == classes.size()) classes.emplace_back();
+                    classes[c].taps = valid;
+                    classes[c].line.clear();
+                    classes[c].u.clear();
+                    ncls++;
+                }
+                for (int64_t u = a; u < e; u++) {
+                    classes[c].line.push_back((int32_t)li);
+                    classes[c].u.push_back(u);
+                }
+            }
+        }
+        // every output block of every group, a few blocks' weights at a time
+        for (int64_t g = 0; g < G; g++) {
+            for (int64_t ob0 = 0; ob0 < nob; ob0 += bg) {
+                const int64_t ob1 = std::min(nob, ob0 + bg);
+                for (size_t ci = 0; ci < ncls; ci++) {
+                    const PixelClass& C = classes[ci];
+                    const int64_t npx = (int64_t)C.u.size();
+                    const int ntp = (int)C.taps.size();
+                    if (ntp == 0) {
+                        for (int64_t p = 0; p < npx; p++) {
+                            float* o = lines[C.line[p]].out + C.u[p] * opix +
+                                       (g * cout_g + ob0 * NB) * ochan;
+                            const int64_t m = std::min(cout_g, ob1 * NB) - ob0 * NB;
+                            for (int64_t j = 0; j < m; j++) o[j * ochan] = 0.0f;
+                        }
+                        continue;
+                    }
+                    xt.resize((size_t)ntp * rmax);
+                    wt.resize(ntp);
+                    // tiles of near-equal size (a class of 50 pixels: 6,6,6,6,6,5,5,5,5 --
+                    // no narrow last tile starved of accumulators)
+                    const int64_t ntiles = (npx + rmax - 1) / rmax;
+                    for (int64_t tile = 0, p = 0; tile < ntiles; tile++) {
+                        const int r = (int)(npx / ntiles + (tile < npx % ntiles ? 1 : 0));
+                        const int64_t p0 = p;
+                        p += r;
+                        for (int i = 0; i < r; i++) {
+                            const LineTaps& L = lines[C.line[p0 + i]];
+                            const int64_t li = C.line[p0 + i];
+                            const int64_t u = C.u[p0 + i];
+                            optr[i] = L.out + u * opix + (g * cout_g) * ochan;
+                            for (int k = 0; k < ntp; k++) {
+                                const int64_t e = C.taps[k];
+                                const int64_t* tp = P->taps + 4 * (tb + e);
+                                xt[(size_t)k * r + i] = lptr[li * nt + e] +
+                                    (u * P->is[2] + tp[2]) * xpix + g * cin_g;
+                            }
+                        }
+                        const int bmax = corr_blocks(r, nv);
+                        for (int64_t ob = ob0; ob < ob1;) {
+                            const int b = (int)std::min<int64_t>(bmax, ob1 - ob);
+                            const int nvalid = (int)std::min<int64_t>(b * NB, cout_g - ob * NB);
+                            for (int k = 0; k < ntp; k++) {
+                                const int64_t* tp = P->taps + 4 * (tb + C.taps[k]);
+                                wt[k] = P->wpk + g * P->wg + ob * P->wob + tp[3] * P->wt;
+                            }
+                            float* oo[64];
+                            for (int i = 0; i < r; i++) oo[i] = optr[i] + ob * NB * ochan;
+                            fns[(r - 1) * BMAX + (b - 1)](ntp, xt.data(), wt.data(), P->wob,
+                                                          P->wc, cin_g, oo, ochan, nvalid);
+                            ob += b;
+                        }
+                    }
+                }
+            }
+        }
+        if (obuf) {
+            // [u][c] line buffers -> the output, 16 channels x 64 pixels at a time
+            const int64_t ropix = os[2] * P->ostride[3], rochan = P->ostride[4];
+            for (int64_t li = 0; li < nl; li++) {
+                const LineTaps& L = lines[li];
+                float* dst = P->out + L.n * P->ostride[0] +
+                             (L.ud * os[0] + ord) * P->ostride[1] +
+                             (L.uh * os[1] + orh) * P->ostride[2] + orw * P->ostride[3];
+                for (int64_t c0 = 0; c0 < P->Cout; c0 += 16) {
+                    const int64_t cn = std::min<int64_t>(16, P->Cout - c0);
+                    for (int64_t u0 = 0; u0 < Uw; u0 += 64) {
+                        const int64_t un = std::min<int64_t>(64, Uw - u0);
+                        for (int64_t c = 0; c < cn; c++) {
+                            float* d = dst + (c0 + c) * rochan + u0 * ropix;
+                            const float* s = L.out + u0 * P->Cout + c0 + c;
+                            for (int64_t u = 0; u < un; u++) d[u * ropix] = s[u * P->Cout];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// wgrad
+//
+// dw[t] (C/G x O/G per group) = X_t^T . DY summed over the output positions p
+// where tap t reads the input.  Positions are taken in chunks; per chunk and
+// tap, the valid positions' x rows (A, [ctile][p][MR]) and dy rows (B,
+// [ob][p][NB]) are packed into contiguous panels -- converting dtype and layout
+// on the way -- and every (ctile, ob) tile of dw sums its panels with MR x NV
+// accumulators in registers.  Positions that read padding are never packed.
+
+namespace {
+
+// C[i][k*NB + j] += sum_p A[p*lda + i] * B_k[p*NB + j] for MR rows i and BK blocks
+// k of B (B_k = B + k*bstride); nvalid counts the valid columns of all blocks.
+template <int MR, int NV, int BK>
+void gemm_tile(int64_t np, const float* A, int64_t lda, const float* B, int64_t bstride,
+               float* C, int64_t ldc, int nvalid) {
+    constexpr int NB = NV * VL;
+    vf acc[MR][BK][NV];
+#pragma GCC unroll 64
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+        for (int k = 0; k < BK; k++)
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++) acc[i][k][v] = zero();
+    for (int64_t p = 0; p < np; p++) {
+        vf b[BK][NV];
+#pragma GCC unroll 8
+        for (int k = 0; k < BK; k++)
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++) b[k][v] = load(B + k * bstride + p * NB + v * VL);
+#pragma GCC unroll 64
+        for (int i = 0; i < MR; i++) {
+            vf s = bcast(A[p * lda + i]);
+#pragma GCC unroll 8
+            for (int k = 0; k < BK; k++)
+#pragma GCC unroll 8
+                for (int v = 0; v < NV; v++) acc[i][k][v] += s * b[k][v];
+        }
+    }
+    if (nvalid == BK * NB) {
+#pragma GCC unroll 64
+        for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+            for (int k = 0; k < BK; k++)
+#pragma GCC unroll 8
+                for (int v = 0; v < NV; v++) {
+                    float* c = C + i * ldc + k * NB + v * VL;
+                    store(c, load(c) + acc[i][k][v]);
+                }
+        return;
+    }
+    for (int i = 0; i < MR; i++)
+        for (int k = 0; k < BK; k++)
+            for (int v = 0; v < NV; v++) {
+                const int n = nvalid - k * NB - v * VL;
+                float* c = C + i * ldc + k * NB + v * VL;
+                if (n >= VL) store(c, load(c) + acc[i][k][v]);
+                else if (n > 0) store_n(c, load_n(c, n) + acc[i][k][v], n);
+            }
+}
+
+typedef void (*gemm_fn)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t,
+                        int);
+
+#if CG_VL == 16
+constexpr int WG_MR[5] = {0, 24, 14, 9, 6};
+#else
+constexpr int WG_MR[5] = {0, 12, 6, 4, 3};
+#endif
+
+// Blocks of B a tile of m rows takes at once: few rows (few input channels per
+// group) still keep enough independent accumulators.
+constexpr int gemm_blocks(int m, int nv) {
+    int b = ACC / (m * nv);
+    return b < 1 ? 1 : (b > BMAX ? BMAX : b);
+}
+
+template <int NV, int K>
+constexpr gemm_fn gemm_pick() {
+    constexpr int M = K / BMAX + 1, B = K % BMAX + 1;
+    if constexpr (B <= gemm_blocks(M, NV)) return &gemm_tile<M, NV, B>;
+    else return nullptr;
+}
+
+template <int NV, int... K>
+constexpr auto gemm_fns_impl(std::integer_sequence<int, K...>) {
+    return std::array<gemm_fn, sizeof...(K)>{gemm_pick<NV, K>()...};
+}
+
+// fns[(m - 1) * BMAX + (bk - 1)]: the tile of m <= WG_MR[nv] input channels and bk
+// blocks of output channels.
+template <int NV>
+const gemm_fn* gemm_fns() {
+    static const auto table =
+        gemm_fns_impl<NV>(std::make_integer_sequence<int, WG_MR[NV] * BMAX>{});
+    return table.data();
+}
+
+inline const gemm_fn* gemm_table(int nv) {
+    switch (nv) {
+        case 1: return gemm_fns<1>();
+        case 2: return gemm_fns<2>();
+        case 3: return gemm_fns<3>();
+        default: return gemm_fns<4>();
+    }
+}
+
+// x rows a long-line chunk's panel holds beyond the chunk's positions (taps of
+// one phase further apart get panels of their own).
+constexpr int64_t XHALO = 64;
+
+// Copy M floats (M a compile-time constant: vector moves).
+template <int M>
+inline void copy_fixed(float* d, const float* s) {
+#pragma GCC unroll 32
+    for (int i = 0; i < M; i++) d[i] = s[i];
+}
+
+typedef void (*copy_fn)(float*, const float*);
+
+inline copy_fn copy_of(int m) {
+    switch (m) {
+        case 3: return &copy_fixed<3>;
+        case 4: return &copy_fixed<4>;
+        case 6: return &copy_fixed<6>;
+        case 8: return &copy_fixed<8>;
+        case 9: return &copy_fixed<9>;
+        case 12: return &copy_fixed<12>;
+        case 14: return &copy_fixed<14>;
+        case 16: return &copy_fixed<16>;
+        case 24: return &copy_fixed<24>;
+        case 32: return &copy_fixed<32>;
+        case 48: return &copy_fixed<48>;
+        case 64: return &copy_fixed<64>;
+        default: return nullptr;
+    }
+}
+
+// One run of consecutive positions: float32 rows with unit channel stride.
+struct Run {
+    const float* x;     // x row of the first position (channel 0), or null
+    const float* dy;    // dy row of the first position (channel 0)
+    int64_t n;          // positions
+};
+
+// First channel of tile k when n channels are cut into ``tiles`` near-equal tiles
+// (a tile of 5 beats a lone tile of 4 after ten of 6: more accumulators busy).
+inline int64_t tile_start(int64_t k, int64_t n, int64_t tiles) { return k * n / tiles; }
+
+// panel[g][blk][p][width] = rows[run p][g*per + c0(blk) + i] for i < m(blk) (0 up to
+// width), with blocks of exactly ``width`` channels, or (balanced) near-equal
+// blocks of at most ``width`` (tile_start); rows ``step`` floats apart.
+void pack_panel(float* out, const std::vector<Run>& runs, bool use_x, int64_t np,
+                int64_t step, int64_t G, int64_t per, int width, bool balanced) {
+    const int64_t nblk = (per + width - 1) / width;
+    const copy_fn full = copy_of(width);
+    int64_t p0 = 0;
+    for (const Run& r : runs) {
+        const float* src = use_x ? r.x : r.dy;
+        for (int64_t p = 0; p < r.n; p++) {
+            const float* row = src + p * step;
+            for (int64_t g = 0; g < G; g++) {
+                for (int64_t b = 0; b < nblk; b++) {
+                    float* o = out + ((g * nblk + b) * np + p0 + p) * width;
+                    const int64_t c0 = balanced ? tile_start(b, per, nblk) : b * width;
+                    const int64_t c1 = balanced ? tile_start(b + 1, per, nblk)
+                                                : std::min<int64_t>(per, c0 + width);
+                    const float* s = row + g * per + c0;
+                    const int64_t m = c1 - c0;
+                    if (m == width && full) {
+                        full(o, s);
+                    } else {
+                        for (int64_t i = 0; i < m; i++) o[i] = s[i];
+                        for (int64_t i = m; i < width; i++) o[i] = 0.0f;
+                    }
+                }
+            }
+        }
+        p0 += r.n;
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+struct WgradProblem {
+    Tensor x;                  // n, d, h, w, c
+    Tensor dy;                 // n, d, h, w, o
+    int64_t N, L[3], C, M[3], O, groups;
+    int64_t K[3], s[3], d[3], pb[3];
+    int64_t nv;                // NB = nv * VL output channels per block
+    int64_t chunk;             // positions per packed chunk
+    int64_t line_min;          // lines this long are cut into chunks of their own
+    int64_t direct_x;          // read float32 x rows in place (else always pack them)
+    const int64_t* items;      // per item: first and end output line, lines numbered
+                               // (n * Md + ud) * Mh + uh
+};
+
+int64_t cg_wgrad_mr(int64_t nv) { return nv >= 1 && nv <= 4 ? WG_MR[nv] : 0; }
+
+int64_t cg_wgrad_scratch(const WgradProblem* P, int64_t lo, int64_t hi);
+
+void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, int64_t obhi,
+                  float* dw, float* scratch);
+
+}  // extern "C"
+
+namespace {
+
+// dw[t][g-block tiles] += A^T B over np positions.  A: the x rows, lda floats
+// apart -- channel tile ct of group g at channel g*cg + c0(ct) of the rows as they
+// are (astripe == 0), or at stripe (g*nct + ct)*astripe of a packed panel; B panel
+// [g][ob][.][NB] with bstride floats per (g, ob).  Channel tiles are near-equal
+// (tile_start).  Blocks of channel tiles whose A rows fit in L2 are swept by every
+// output block in turn (the B rows of one block stay in L1).
+void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astripe,
+                const float* B, int64_t bstride, int64_t np, float* dwt, int64_t oblo,
+                int64_t obhi) {
+    const int64_t G = P->groups, cg = P->C / G, og = P->O / G;
+    const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
+    const int64_t nob = (og + NB - 1) / NB, nct = (cg + mr - 1) / mr;
+    const gemm_fn* fns = gemm_table(nv);
+    const int64_t block = std::max<int64_t>(1, (96 << 10) / std::max<int64_t>(1, np * mr * 4));
+    for (int64_t obg = oblo; obg < obhi;) {
+        const int64_t g = obg / nob;
+        const int64_t gend = std::min(obhi, (g + 1) * nob);
+        for (int64_t k0 = 0; k0 < nct; k0 += block) {
+            const int64_t k1 = std::min(nct, k0 + block);
+            for (int64_t k = obg; k < gend;) {
+                const int64_t ob = k % nob;
+                const int64_t mmax = (cg + nct - 1) / nct;            // widest tile
+                const int bk = (int)std::min<int64_t>(gemm_blocks((int)mmax, nv), gend - k);
+                const int nvalid = (int)std::min<int64_t>(bk * NB, og - ob * NB);
+                const float* b = B + (g * nob + ob) * bstride;
+                for (int64_t ct = k0; ct < k1; ct++) {
+                    const int64_t c0 = tile_start(ct, cg, nct);
+                    const int m = (int)(tile_start(ct + 1, cg, nct) - c0);
+                    const int bm = std::min(bk, gemm_blocks(m, nv));
+                    const float* a = astripe ? A + (g * nct + ct) * astripe : A + g * cg + c0;
+                    for (int j = 0; j < bk; j += bm) {
+                        const int bj = std::min(bm, bk - j);
+                        const int nv_j = (int)std::min<int64_t>(bj * NB, nvalid - j * NB);
+                        fns[(m - 1) * BMAX + (bj - 1)](
+                            np, a, lda, b + j * bstride, bstride,
+                            dwt + c0 * P->O + g * og + (ob + j) * NB, P->O, nv_j);
+                    }
+                }
+                k += bk;
+            }
+        }
+        obg = gend;
+    }
+    (void)G;
+}
+
+inline void wgrad_decode(const WgradProblem* P, int64_t l, int64_t& n, int64_t& ud,
+                         int64_t& uh) {
+    n = l / (P->M[0] * P->M[1]);
+    ud = (l / P->M[1]) % P->M[0];
+    uh = l % P->M[1];
+}
+
+// Keys (n * L0 + d) * L1 + h of the x lines the item [l0, l1) reads, sorted.
+void wgrad_x_keys(const WgradProblem* P, int64_t l0, int64_t l1, std::vector<int64_t>& keys) {
+    keys.clear();
+    for (int64_t l = l0; l < l1; l++) {
+        int64_t n, ud, uh;
+        wgrad_decode(P, l, n, ud, uh);
+        for (int64_t kd = 0; kd < P->K[0]; kd++) {
+            const int64_t d = ud * P->s[0] + kd * P->d[0] - P->pb[0];
+            if (d < 0 || d >= P->L[0]) continue;
+            for (int64_t kh = 0; kh < P->K[1]; kh++) {
+                const int64_t h = uh * P->s[1] + kh * P->d[1] - P->pb[1];
+                if (h >= 0 && h < P->L[1]) keys.push_back((n * P->L[0] + d) * P->L[1] + h);
+            }
+        }
+    }
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+}
+
+}  // namespace
+
+int64_t cg_wgrad_scratch(const WgradProblem* P, int64_t lo, int64_t hi) {
+    const int64_t G = P->groups, cg = P->C / G, og = P->O / G;
+    const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
+    const int64_t apad = G * ((cg + mr - 1) / mr) * mr, bpad = G * ((og + NB - 1) / NB) * NB;
+    int64_t lines = 0;
+    std::vector<int64_t> keys;
+    for (int64_t it = lo; it < hi; it++) {
+        const int64_t* item = P->items + 2 * it;
+        int64_t need = 0;
+        if (!direct_f32(P->x) || !P->direct_x) {
+            wgrad_x_keys(P, item[0], item[1], keys);
+            need += (int64_t)keys.size() * P->L[2] * P->C;
+        }
+        if (!direct_f32(P->dy)) need += (item[1] - item[0]) * P->M[2] * P->O;
+        lines = std::max(lines, need);
+    }
+    return lines + (P->chunk + XHALO) * apad + 2 * P->chunk * bpad + 64;
+}
+
+// Accumulate the items [lo, hi) into dw (*K, C/G, O) for the output-channel
+// blocks [oblo, obhi) (numbered over all groups).
+//
+// Lines at least one chunk long are cut into chunks along w: the dy rows of a
+// chunk are packed once; per (kd, kh) the x rows its taps read are read in
+// place, and each tap is one GEMM over the range of positions where it reads
+// the input (an offset into the x rows).  Shorter lines are gathered into
+// chunks of several lines, x packed per tap (only the positions where the tap
+// reads the input).  Rows that are not float32 with unit channel stride are
+// first converted, one item's lines at a time.
+void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, int64_t obhi,
+                  float* dw, float* scratch) {
+    const int64_t G = P->groups, cg = P->C / G, og = P->O / G;
+    const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
+    const int64_t nob = (og + NB - 1) / NB, nct = (cg + mr - 1) / mr;
+    const int64_t pc = std::max<int64_t>(1, P->chunk);
+    const int64_t Mw = P->M[2], Lw = P->L[2];
+    const int64_t sw = P->s[2], dwl = P->d[2], pbw = P->pb[2], Kw = P->K[2];
+    const int64_t apad = G * nct * mr, bpad = G * nob * NB;
+    const int64_t ntap = P->K[0] * P->K[1] * Kw;
+    const bool long_lines = Mw >= pc || Mw >= P->line_min;
+    const bool xconv = !direct_f32(P->x) || !P->direct_x, yconv = !direct_f32(P->dy);
+    const int64_t xpix = xconv ? P->C : P->x.stride[3];
+    const int64_t ypix = yconv ? P->O : P->dy.stride[3];
+    const int64_t xstep = xpix * sw;
+
+    struct Piece {
+        int64_t l, w0, w1;
+    };
+    struct GroupTap {
+        int64_t kw, a, b, q;
+    };
+    std::vector<Piece> pieces;
+    std::vector<Run> runs, full_runs;
+    std::vector<GroupTap> gtaps(Kw);
+    std::vector<int64_t> keys;
+
+    for (int64_t it = lo; it < hi; it++) {
+        const int64_t l0 = P->items[2 * it], l1 = P->items[2 * it + 1];
+        // this item's lines as float32 rows
+        float* free_ = scratch;
+        if (xconv) {
+            wgrad_x_keys(P, l0, l1, keys);
+            pack_keyed_lines(free_, P->x, keys, P->L[0], P->L[1], Lw, P->C);
+        }
+        const float* xbuf = free_;
+        free_ += xconv ? (int64_t)keys.size() * Lw * P->C : 0;
+        const float* ybuf = free_;
+        if (yconv) {
+            for (int64_t l = l0; l < l1; l++) {
+                int64_t n, ud, uh;
+                wgrad_decode(P, l, n, ud, uh);
+                pack_keyed_lines(free_ + (l - l0) * Mw * P->O, P->dy,
+                                 std::vector<int64_t>{(n * P->M[0] + ud) * P->M[1] + uh},
+                                 P->M[0], P->M[1], Mw, P->O);
+            }
+            free_ += (l1 - l0) * Mw * P->O;
+        }
+        float* A = free_;
+        float* Bfull = A + (pc + XHALO) * apad;
+        float* Btap = Bfull + pc * bpad;
+        auto xrow = [&](int64_t n, int64_t dd, int64_t hh, int64_t w) -> const float* {
+            if (!xconv) return (const float*)at(P->x, n, dd, hh, w, 0);
+            const int64_t key = (n * P->L[0] + dd) * P->L[1] + hh;
+            return xbuf + ((std::lower_bound(keys.begin(), keys.end(), key) - keys.begin()) * Lw +
+                           w) * P->C;
+        };
+        auto yrow = [&](int64_t l, int64_t w) -> const float* {
+            if (!yconv) {
+                int64_t n, ud, uh;
+                wgrad_decode(P, l, n, ud, uh);
+                return (const float*)at(P->dy, n, ud, uh, w, 0);
+            }
+            return ybuf + ((l - l0) * Mw + w) * P->O;
+        };
+
+        if (long_lines) {
+            for (int64_t l = l0; l < l1; l++) {
+                int64_t n, ud, uh;
+                wgrad_decode(P, l, n, ud, uh);
+                for (int64_t w0 = 0; w0 < Mw; w0 += pc) {
+                    const int64_t w1 = std::min(Mw, w0 + pc), np = w1 - w0;
+                    full_runs.assign(1, Run{nullptr, yrow(l, w0), np});
+                    bool packed_b = false;
+                    for (int64_t kd = 0; kd < P->K[0]; kd++) {
+                        const int64_t dd = ud * P->s[0] + kd * P->d[0] - P->pb[0];
+                        if (dd < 0 || dd >= P->L[0]) continue;
+                        for (int64_t kh = 0; kh < P->K[1]; kh++) {
+                            const int64_t hh = uh * P->s[1] + kh * P->d[1] - P->pb[1];
+                            if (hh < 0 || hh >= P->L[1]) continue;
+                            // taps kw in order; x index v*sw + r with v = p + q(kw), r the
+                            // phase; taps of one phase whose x rows overlap share rows
+                            int64_t gr = -1, vlo = 0, vhi = 0;
+                            int ng = 0;
+                            for (int64_t kw = 0; kw <= Kw; kw++) {
+                                int64_t a = 0, b = 0, q = 0, r = -2;
+                                if (kw < Kw) {
+                                    const int64_t off = kw * dwl - pbw;
+                                    r = ((off % sw) + sw) % sw;
+                                    q = (off - r) / sw;
+                                    valid_range(Mw, sw, off, Lw, a, b);
+                                    a = std::max(a, w0);
+                                    b = std::min(b, w1);
+                                    if (b <= a) continue;
+                                }
+                                const bool fits = r == gr &&
+                                    std::max(vhi, b + q) - std::min(vlo, a + q) <= pc + XHALO;
+                                if (ng > 0 && !fits) {
+                                    if (!packed_b) {
+                                        pack_panel(Bfull, full_runs, false, np, ypix, G, og, NB, false);
+                                        packed_b = true;
+                                    }
+                                    const float* xa = xrow(n, dd, hh, vlo * sw + gr);
+                                    for (int j = 0; j < ng; j++) {
+                                        const GroupTap& gt = gtaps[j];
+                                        const int64_t t = (kd * P->K[1] + kh) * Kw + gt.kw;
+                                        wgrad_gemm(P, xa + (gt.a + gt.q - vlo) * xstep, xstep, 0,
+                                                   Bfull + (gt.a - w0) * NB, np * NB,
+                                                   gt.b - gt.a, dw + t * cg * P->O, oblo, obhi);
+                                    }
+                                    ng = 0;
+                                }
+                                if (kw == Kw) break;
+                                if (ng == 0) {
+                                    gr = r, vlo = a + q, vhi = b + q;
+                                } else {
+                                    vlo = std::min(vlo, a + q), vhi = std::max(vhi, b + q);
+                                }
+                                gtaps[ng++] = GroupTap{kw, a, b, q};
+                            }
+                        }
+                    }
+                }
+            }
+            continue;
+        }
+        int64_t l = l0, w = 0;
+        while (l < l1) {
+            pieces.clear();
+            int64_t got = 0;
+            while (l < l1 && got < pc) {
+                const int64_t take = std::min<int64_t>(Mw - w, pc - got);
+                pieces.push_back(Piece{l, w, w + take});
+                got += take;
+                w += take;
+                if (w == Mw) {
+                    w = 0;
+                    l++;
+                }
+            }
+            full_runs.clear();
+            for (const Piece& q : pieces)
+                full_runs.push_back(Run{nullptr, yrow(q.l, q.w0), q.w1 - q.w0});
+            bool full_packed = false;
+            for (int64_t t = 0; t < ntap; t++) {
+                const int64_t kd = t / (P->K[1] * Kw), kh = (t / Kw) % P->K[1], kw = t % Kw;
+                const int64_t offw = kw * dwl - pbw;
+                int64_t u0, u1;
+                valid_range(Mw, sw, offw, Lw, u0, u1);
+                runs.clear();
+                int64_t np = 0;
+                bool all = true;
+                for (const Piece& q : pieces) {
+                    int64_t n, ud, uh;
+                    wgrad_decode(P, q.l, n, ud, uh);
+                    const int64_t dd = ud * P->s[0] + kd * P->d[0] - P->pb[0];
+                    const int64_t hh = uh * P->s[1] + kh * P->d[1] - P->pb[1];
+                    const int64_t a = std::max(u0, q.w0), b = std::min(u1, q.w1);
+                    if (dd < 0 || dd >= P->L[0] || hh < 0 || hh >= P->L[1] || b <= a) {
+                        all = false;
+                        continue;
+                    }
+                    if (a != q.w0 || b != q.w1) all = false;
+                    runs.push_back(Run{xrow(n, dd, hh, a * sw + offw), yrow(q.l, a), b - a});
+                    np += b - a;
+                }
+                if (np == 0) continue;
+                pack_panel(A, runs, true, np, xstep, G, cg, mr, true);
+                const float* B;
+                if (all) {
+                    if (!full_packed) {
+                        pack_panel(Bfull, full_runs, false, np, ypix, G, og, NB, false);
+                        full_packed = true;
+                    }
+                    B = Bfull;
+                } else {
+                    pack_panel(Btap, runs, false, np, ypix, G, og, NB, false);
+                    B = Btap;
+                }
+                wgrad_gemm(P, A, mr, np * mr, B, np * NB, np, dw + t * cg * P->O, oblo, obhi);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Weight panels and CPU features
+
+extern "C" {
+
+// panel[g][blk][t][a][j] = src[t*st + a*sa + (blk*NB + j)*sb + g*gstride] for
+// blk*NB + j < B, else 0 (NB = nv * VL); blocks (g, blk) numbered g*nblk + blk,
+// the range [lo, hi) of them.  src is float32, float16 or bfloat16.
+void cg_pack_panels(const void* src, int64_t dtype, int64_t T, int64_t A, int64_t B,
+                    int64_t st, int64_t sa, int64_t sb, int64_t gstride, int64_t nv,
+                    float* out, int64_t lo, int64_t hi) {
+    const int64_t NB = nv * VL, nblk = (B + NB - 1) / NB;
+    const int64_t es = itemsize(dtype);
+    for (int64_t k = lo; k < hi; k++) {
+        const int64_t g = k / nblk, blk = k % nblk;
+        const int64_t nvalid = std::min<int64_t>(NB, B - blk * NB);
+        float* o = out + k * T * A * NB;
+        const char* base = (const char*)src + es * (g * gstride + blk * NB * sb);
+        for (int64_t t = 0; t < T; t++) {
+            for (int64_t a = 0; a < A; a++) {
+                float* row = o + (t * A + a) * NB;
+                convert_run(row, base + es * (t * st + a * sa), dtype, sb, nvalid);
+                for (int64_t j = nvalid; j < NB; j++) row[j] = 0.0f;
+            }
+        }
+    }
+}
+
+// The FMA peak: iters rounds of ACC independent vector multiply-adds (2 * VL
+// flops each), nothing else; returns a value that depends on the result, so the
+// loop cannot be dropped.  Timed from Python on every thread at once.
+float cg_fma_loop(int64_t iters) {
+    vf acc[ACC];
+    for (int i = 0; i < ACC; i++) acc[i] = bcast(0.001f * (float)i);
+    const vf a = bcast(0.999f), b = bcast(0.0001f);
+    for (int64_t k = 0; k < iters; k++) {
+#pragma GCC unroll 32
+        for (int i = 0; i < ACC; i++) acc[i] = acc[i] * a + b;
+    }
+    float s = 0.0f;
+    for (int i = 0; i < ACC; i++) s += acc[i][0];
+    return s;
+}
+
+int64_t cg_fma_loop_flops(void) { return 2 * VL * ACC; }
+
+// Bit mask of what this CPU and OS support: 1 avx2, 2 fma, 4 f16c, 8 avx512f,
+// 16 avx512bw, 32 avx512vl, 64 avx512dq.
+int64_t cg_cpu_features(void) {
+    int64_t m = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) m |= 1;
+    if (__builtin_cpu_supports("fma")) m |= 2;
+    if (__builtin_cpu_supports("f16c")) m |= 4;
+    if (__builtin_cpu_supports("avx512f")) m |= 8;
+    if (__builtin_cpu_supports("avx512bw")) m |= 16;
+    if (__builtin_cpu_supports("avx512vl")) m |= 32;
+    if (__builtin_cpu_supports("avx512dq")) m |= 64;
+#endif
+    return m;
+}
+
+}  // extern "C"

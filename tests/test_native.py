@@ -1,0 +1,341 @@
+"""The native engine (kernels/native.py, native/engine.cpp) on every instruction-set
+build this CPU can run, against the independent naive float64 reference
+(tests/naive.py): every op, rank, stride, dilation, asymmetric pad and group count,
+float32/float16/bfloat16 inputs, channels-first and channels-last callers, both
+weight-gradient modes (long lines cut into chunks, short lines gathered), both
+thread splits; exact padding (D17), determinism, the ISA switch and the fallback
+when no build loads."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import convgrad
+from convgrad import kernels
+from convgrad.dtypes import bfloat16
+from convgrad.kernels import native
+
+import naive
+from conftest import assert_close
+
+if native.available() is not None:
+    if os.environ.get("CONVGRAD_REQUIRE_PEERS") == "1":     # CI: the engine must build
+        raise RuntimeError(f"the native engine is not available: {native.available()}")
+    pytest.skip(f"native engine unavailable: {native.available()}", allow_module_level=True)
+
+ISAS = native.info()["loaded"]
+
+
+def random_case(seed: int, *, wide: bool = False) -> dict:
+    """A valid problem with enough channels to fill several register blocks."""
+    rng = np.random.default_rng(seed)
+    r = int(rng.integers(1, 4))
+    groups = int(rng.choice([1, 1, 1, 2, 3]))
+    cg, og = int(rng.integers(1, 21)), int(rng.integers(1, 41))
+    kernel = tuple(int(v) for v in rng.integers(1, 5 if r < 3 else 4, r))
+    strides = tuple(int(v) for v in rng.integers(1, 4, r))
+    dilations = tuple(int(v) for v in rng.integers(1, 4 if r < 3 else 3, r))
+    pads_begin = tuple(int(v) for v in rng.integers(0, 4, r))
+    pads_end = tuple(int(v) for v in rng.integers(0, 4, r))
+    top = {1: 90, 2: 40 if wide else 14, 3: 9}[r]
+    in_sizes = []
+    for k, d, b, e in zip(kernel, dilations, pads_begin, pads_end):
+        ke = (k - 1) * d + 1
+        lo = max(1, ke - b - e)
+        in_sizes.append(int(rng.integers(lo, max(lo, top) + 1)))
+    out_sizes = tuple((L + b + e - ((k - 1) * d + 1)) // s + 1 for L, k, s, d, b, e in
+                      zip(in_sizes, kernel, strides, dilations, pads_begin, pads_end))
+    return dict(n=int(rng.integers(1, 3)), c=cg * groups, o=og * groups, groups=groups,
+                in_sizes=tuple(in_sizes), kernel=kernel, out_sizes=out_sizes, strides=strides,
+                dilations=dilations, pads_begin=pads_begin, pads_end=pads_end)
+
+
+def make_arrays(case, rng, dtype, channels_last):
+    """x, w, dy in NCX/OIX shapes; channels-last callers' arrays are NCX views of
+    channels-last memory."""
+    def data(n, c, sizes):
+        a = rng.standard_normal((n, *sizes, c)).astype(dtype)
+        return np.moveaxis(a, -1, 1) if channels_last else np.ascontiguousarray(
+            np.moveaxis(a, -1, 1))
+    x = data(case["n"], case["c"], case["in_sizes"])
+    dy = data(case["n"], case["o"], case["out_sizes"])
+    w = rng.standard_normal((case["o"], case["c"] // case["groups"], *case["kernel"]))
+    return x, w.astype(dtype), dy
+
+
+def check(case, rng, *, dtype=np.float32, channels_last=False, isa="auto", threads=None):
+    x, w, dy = make_arrays(case, rng, dtype, channels_last)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    args = dict(strides=case["strides"], dilations=case["dilations"],
+                pads_begin=case["pads_begin"], groups=case["groups"])
+    x64, w64, dy64 = (np.asarray(a, np.float64) for a in (x, w, dy))
+    want = (naive.forward(x64, w64, case["out_sizes"], **args),
+            naive.wgrad(x64, dy64, case["kernel"], **args),
+            naive.dgrad(w64, dy64, case["in_sizes"], **args))
+    with convgrad.config(algo="native", isa=isa, threads=threads):
+        got = (convgrad.conv_forward(x, w, **kw),
+               convgrad.conv_weight_grad(x, dy, w.shape, **kw),
+               convgrad.conv_data_grad(w, dy, x.shape, **kw))
+    for g, e in zip(got, want):
+        assert g.dtype == np.dtype(dtype)
+        assert_close(g, e, dtype)
+    return got
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("seed", range(24))
+def test_every_build_matches_the_naive_reference(isa, seed, rng):
+    case = random_case(seed, wide=seed % 3 == 0)
+    check(case, rng, isa=isa, channels_last=seed % 2 == 0)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("seed", range(4))
+def test_half_inputs_are_converted_inside_the_kernels(isa, dtype, seed, rng):
+    check(random_case(100 + seed, wide=True), rng, dtype=dtype, isa=isa,
+          channels_last=seed % 2 == 1)
+
+
+def _geometry(r, *, c, o, size, k, s=1, d=1, pb=1, pe=1, groups=1, n=2):
+    sizes = (size,) * r
+    out = tuple((L + pb + pe - (k - 1) * d - 1) // s + 1 for L in sizes)
+    return dict(n=n, c=c, o=o, groups=groups, in_sizes=sizes, kernel=(k,) * r,
+                out_sizes=out, strides=(s,) * r, dilations=(d,) * r, pads_begin=(pb,) * r,
+                pads_end=(pe,) * r)
+
+
+# Shapes that reach each path of the engine (see engine.cpp): long lines cut into
+# several chunks, taps of one phase too far apart to share an x panel, lines
+# shorter than a chunk gathered, stride phases, tails of every register block.
+STRUCTURAL = {
+    "long-lines-2d": _geometry(2, c=19, o=37, size=41, k=3),
+    "long-lines-strided": _geometry(2, c=8, o=24, size=57, k=4, s=2, pb=1, pe=2),
+    "taps-far-apart": _geometry(1, c=6, o=10, size=230, k=3, d=60, pb=7, pe=3),
+    "short-lines-3d": _geometry(3, c=12, o=20, size=6, k=3, s=2),
+    "dilated-strided": _geometry(2, c=10, o=30, size=33, k=3, s=3, d=2, pb=2, pe=0),
+    "1x1-wide": _geometry(2, c=40, o=17, size=30, k=1, pb=0, pe=0),
+    "grouped-3d": _geometry(3, c=20, o=36, size=7, k=2, groups=2, pb=0, pe=1),
+    "all-padding-taps": _geometry(1, c=5, o=9, size=4, k=5, d=3, pb=6, pe=6),
+}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", STRUCTURAL)
+def test_structural_cases(isa, name, rng, monkeypatch):
+    case = STRUCTURAL[name]
+    # small chunks: several chunks per line, several lines per chunk
+    monkeypatch.setattr(native, "WGRAD_MAX_CHUNK", 40)
+    monkeypatch.setattr(native, "WGRAD_MIN_CHUNK", 8)
+    monkeypatch.setattr(native, "WGRAD_PANEL_BYTES", 1)
+    for channels_last in (False, True):
+        check(case, rng, isa=isa, channels_last=channels_last)
+
+
+@pytest.mark.parametrize("name", ["long-lines-2d", "short-lines-3d", "taps-far-apart"])
+def test_weight_gradient_modes_agree(name, rng, monkeypatch):
+    """Packed and in-place x rows, long-line and gathered chunks, split positions and
+    split output channels: all equal to the reference."""
+    case = STRUCTURAL[name]
+    for direct, line_min, split in ((True, 24, False), (False, 24, False), (True, 10**9, False),
+                                    (True, 1, True), (False, 1, True)):
+        monkeypatch.setattr(native, "WGRAD_DIRECT_X", direct)
+        monkeypatch.setattr(native, "WGRAD_LINE_MIN", line_min)
+        monkeypatch.setattr(native, "PARTIALS_BYTES", 0 if split else 2**40)
+        monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+        check(case, rng, threads=2)
+
+
+def test_results_do_not_depend_on_the_thread_count(rng, monkeypatch):
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    case = _geometry(2, c=24, o=40, size=37, k=3, n=3)
+    x, w, dy = make_arrays(case, rng, np.float32, True)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    runs = []
+    for threads in (1, 2, 3, 1):
+        with convgrad.config(algo="native", threads=threads):
+            runs.append((convgrad.conv_forward(x, w, **kw),
+                         convgrad.conv_weight_grad(x, dy, w.shape, **kw),
+                         convgrad.conv_data_grad(w, dy, x.shape, **kw)))
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_padding_is_never_an_operand(isa):
+    # the NaN tap reads x[p - 1]: padding for p = 0, input for p = 1, 2 (D17)
+    x = np.ones((1, 1, 3), np.float32)
+    w = np.array([[[np.nan, 1.0, 1.0]]], np.float32)
+    with convgrad.config(algo="native", isa=isa):
+        y = convgrad.conv_forward(x, w, pads_begin=[1], pads_end=[1])
+        dx = convgrad.conv_data_grad(w, np.ones((1, 1, 3), np.float32), x.shape,
+                                     pads_begin=[1], pads_end=[1])
+        dy = np.array([[[np.nan, 1.0, 1.0]]], np.float32)
+        dw = convgrad.conv_weight_grad(x, dy, w.shape, pads_begin=[1], pads_end=[1])
+    np.testing.assert_array_equal(np.isnan(y[0, 0]), [False, True, True])
+    # dx[q] = sum_p dy[p] w[q - p + 1]: w[0] (NaN) reaches dx[q] for p = q + 1 <= 2
+    np.testing.assert_array_equal(np.isnan(dx[0, 0]), [True, True, False])
+    # dw[t] sums dy[p] x[p + t - 1]: dy[0] meets only taps t = 1, 2
+    np.testing.assert_array_equal(np.isnan(dw[0, 0]), [False, True, True])
+
+
+def test_channels_first_callers_get_channels_first_memory(rng):
+    """No layout copy on the way back: an NCX caller's result is computed into NCX memory."""
+    case = _geometry(2, c=16, o=24, size=20, k=3)
+    x, w, dy = make_arrays(case, rng, np.float32, False)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    with convgrad.config(algo="native"):
+        y = convgrad.conv_forward(x, w, **kw)
+        dx = convgrad.conv_data_grad(w, dy, x.shape, **kw)
+    assert y.flags.c_contiguous and y.base is None
+    assert dx.flags.c_contiguous and dx.base is None
+
+
+def test_empty_problems(rng):
+    with convgrad.config(algo="native"):
+        x = np.zeros((0, 4, 5, 5), np.float32)
+        dy = np.zeros((0, 6, 3, 3), np.float32)
+        dw = convgrad.conv_weight_grad(x, dy, (6, 2, 3, 3), groups=2)
+        assert dw.shape == (6, 2, 3, 3) and not dw.any()
+        dx = convgrad.conv_data_grad(np.ones((6, 2, 3, 3), np.float32), dy, x.shape, groups=2)
+        assert dx.shape == x.shape
+        y = convgrad.conv_forward(np.ones((2, 0, 5), np.float32), np.ones((3, 0, 2), np.float32))
+        assert y.shape == (2, 3, 4) and not y.any()
+
+
+def test_forcing_a_build_this_cpu_cannot_run_is_an_error():
+    missing = [isa for isa in native.ISAS if isa not in ISAS]
+    x = np.ones((1, 2, 5), np.float32)
+    w = np.ones((3, 2, 2), np.float32)
+    for isa in missing:
+        with convgrad.config(algo="native", isa=isa):
+            with pytest.raises(convgrad.ConvGradError, match=f"isa = '{isa}'"):
+                convgrad.conv_forward(x, w)
+    with pytest.raises(ValueError, match="isa must be one of"):
+        with convgrad.config(isa="sse9"):
+            pass
+
+
+def test_the_default_build_is_the_widest_this_cpu_runs():
+    info = native.info()
+    assert info["default"] == ISAS[0]
+    with convgrad.config(algo="native"):
+        assert native.engine().isa == info["default"]
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    if " avx512f" in flags:
+        assert info["default"] == "avx512"
+    elif " avx2" in flags and " fma" in flags:
+        assert info["default"] == "avx2"
+
+
+def test_auto_chooses_the_engine_for_dense_float_problems():
+    from convgrad.geometry import make_geometry
+    geom = make_geometry("test", **_geometry(2, c=64, o=64, size=56, k=3))
+    for op in kernels.OPS:      # (float16 and bfloat16 calls compute in float32)
+        assert kernels.select(op, geom, np.float32).name == "native", op
+        assert kernels.select(op, geom, np.float64).name != "native", op
+
+
+FALLBACK = r"""
+import importlib.util, sys, warnings
+real = importlib.util.find_spec
+def hide(name, *a, **k):
+    if name.startswith("convgrad.kernels._engine_"):
+        return None
+    return real(name, *a, **k)
+importlib.util.find_spec = hide
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import convgrad
+    from convgrad import kernels
+    import numpy as np
+msgs = [str(w.message) for w in caught if "native engine" in str(w.message)]
+assert len(msgs) == 1, msgs
+print(msgs[0])
+from convgrad.geometry import make_geometry
+g = make_geometry("t", n=1, c=8, o=8, groups=1, in_sizes=(9, 9), kernel=(3, 3),
+                  out_sizes=(9, 9), strides=(1, 1), dilations=(1, 1), pads_begin=(1, 1),
+                  pads_end=(1, 1))
+print(kernels.select("fwd", g, np.float32).name)
+y = convgrad.conv_forward(np.ones((1, 8, 9, 9), np.float32), np.ones((8, 8, 3, 3), np.float32),
+                          pads_begin=[1, 1], pads_end=[1, 1])
+print(float(y[0, 0, 4, 4]))
+"""
+
+
+def test_without_a_loadable_build_import_works_and_falls_back():
+    out = subprocess.run([sys.executable, "-c", FALLBACK], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    warning, chosen, value = out.stdout.split("\n")[:3]
+    assert "could not be loaded" in warning and "not built" in warning
+    assert chosen in ("shifted", "im2col")
+    assert float(value) == 72.0
+
+
+# -- the AVX-512 build's logic on any CPU --------------------------------------------------
+#
+# This CPU may lack AVX-512, so the avx512 build cannot run here.  Its source is the
+# same as every other build's except for a few helpers; compiled with 16-float
+# vectors and portable helpers (CG_EMULATE_VL16) it runs anywhere, and checks the
+# AVX-512 build's tile shapes, tails and register blocks.
+
+SOURCE = os.path.join(os.path.dirname(native.__file__), "native", "engine.cpp")
+
+
+@pytest.fixture(scope="module")
+def vl16_engine(tmp_path_factory):
+    import shutil
+    gxx = shutil.which("g++") or shutil.which("c++")
+    if gxx is None or not os.path.exists(SOURCE):
+        if os.environ.get("CONVGRAD_REQUIRE_PEERS") == "1":
+            raise RuntimeError("CI must test the 16-float build: no C++ compiler or source")
+        pytest.skip("no C++ compiler or engine source")
+    out = tmp_path_factory.mktemp("vl16") / "engine_vl16.so"
+    flags = ["-mavx2", "-mfma", "-mf16c"] if "avx2" in native.info()["cpu_features"] else []
+    subprocess.run([gxx, "-std=gnu++17", "-O1", "-ffp-contract=fast", "-fPIC", "-shared",
+                    "-DCG_EMULATE_VL16=1", *flags, "-o", str(out), SOURCE], check=True,
+                   timeout=600)
+    return native.Engine("avx512", str(out), built_as="vl16")
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_16_float_build_logic_matches_the_naive_reference(vl16_engine, seed, rng,
+                                                              monkeypatch):
+    assert vl16_engine.vl == 16 and vl16_engine.corr_rmax[2] == 14
+    monkeypatch.setattr(native, "engine", lambda: vl16_engine)
+    case = random_case(200 + seed, wide=seed % 2 == 0)
+    check(case, rng, channels_last=seed % 3 == 0,
+          dtype=(np.float32, np.float32, np.float16, bfloat16)[seed % 4])
+    if seed < 3:
+        monkeypatch.setattr(native, "WGRAD_MAX_CHUNK", 40)
+        monkeypatch.setattr(native, "WGRAD_MIN_CHUNK", 8)
+        monkeypatch.setattr(native, "WGRAD_PANEL_BYTES", 1)
+        check(list(STRUCTURAL.values())[seed], rng)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("groups", [1, 2])
+def test_weights_read_in_place_or_packed_agree(isa, groups, rng, monkeypatch):
+    """Channels-last (XIO) float32 weights with whole output blocks are read where they
+    are; packed panels give bitwise the same forward result."""
+    case = _geometry(2, c=16 * groups, o=48 * groups, size=19, k=3, groups=groups)
+    x, _, dy = make_arrays(case, rng, np.float32, True)
+    xio = rng.standard_normal((3, 3, 16, 48 * groups)).astype(np.float32)
+    w = np.transpose(xio, (3, 2, 0, 1))                 # OIX view of XIO memory
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    got = {}
+    for in_place in (True, False):
+        monkeypatch.setattr(native, "WEIGHTS_IN_PLACE", in_place)
+        with convgrad.config(algo="native", isa=isa):
+            got[in_place] = (convgrad.conv_forward(x, w, **kw),
+                             convgrad.conv_data_grad(w, dy, x.shape, **kw))
+    for a, b in zip(got[True], got[False]):
+        np.testing.assert_array_equal(a, b)
+    args = dict(strides=case["strides"], dilations=case["dilations"],
+                pads_begin=case["pads_begin"], groups=groups)
+    assert_close(got[True][0], naive.forward(x, w, case["out_sizes"], **args), np.float32)
