@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test test-fast fuzz fuzz-long bench bench-dask install install-peers clean
+.PHONY: demo test test-fast fuzz fuzz-long bench bench-dask install install-peers clean docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,18 @@ install-peers: $(VENV)/.peers
 demo: $(VENV)/.cli
 	$(BIN)/convgrad demo
 
-# The conformance tests compare with PyTorch, TensorFlow and OpenVINO: installed here.
-test: install-peers
+# The API reference built from the docstrings (Sphinx + numpydoc), warnings as errors.
+$(VENV)/.docs: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs
+	$(BIN)/python -m sphinx -b html -W -n --keep-going -q docs/api docs/_build/html
+	@echo "API reference: docs/_build/html/index.html"
+
+# The conformance tests compare with PyTorch, TensorFlow, OpenVINO and the oneDNN Graph
+# library: installed here, with Sphinx (tests/test_api_docs.py builds the API reference).
+test: install-peers $(VENV)/.docs
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 # Without the peer frameworks (their conformance modules are skipped).

@@ -31,3 +31,13 @@ def import_peer(name):
     if os.environ.get("CONVGRAD_REQUIRE_PEERS") == "1":
         return __import__(name)
     return pytest.importorskip(name)
+
+
+def peer_library(path, what):
+    """Check that a peer's shared library exists (a framework without Python
+    bindings); skip the module without it, unless CONVGRAD_REQUIRE_PEERS=1 (CI)."""
+    if os.path.exists(path):
+        return path
+    if os.environ.get("CONVGRAD_REQUIRE_PEERS") == "1":
+        raise FileNotFoundError(f"{path}: {what} is missing (CONVGRAD_REQUIRE_PEERS=1)")
+    pytest.skip(f"{path} not found: {what}", allow_module_level=True)

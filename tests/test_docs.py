@@ -5,10 +5,11 @@ import doctest
 import numpy as np
 import pytest
 
-from convgrad.frontends import onednn, openvino, tf
+from convgrad import onednn, openvino, registry, settings, tf
 
 
-@pytest.mark.parametrize("module", [onednn, openvino, tf], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [onednn, openvino, tf, settings, registry],
+                         ids=lambda m: m.__name__)
 def test_docstring_examples(module):
     result = doctest.testmod(module, extraglobs={"np": np},
                              optionflags=doctest.NORMALIZE_WHITESPACE)

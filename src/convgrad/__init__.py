@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .settings import config
 from .errors import ConvGradError, ConvGradTypeError
-from .frontends import onednn, openvino, tf
+from . import onednn, openvino, tf
 from .frontends.canonical import conv_data_grad, conv_forward, conv_weight_grad
 from .registry import op, op_names
 

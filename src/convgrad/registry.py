@@ -77,8 +77,32 @@ class SpecOp:
 def op(name: str, /, **attrs) -> SpecOp:
     """The op called ``name`` in its spec, with attributes ``attrs``.
 
-    Raises ConvGradError for an unknown op or attribute name, listing the
-    valid ones.
+    Parameters
+    ----------
+    name : str
+        The spec's op name (see :func:`op_names`), qualified as
+        ``"dialect:Name"`` where two dialects share it.
+    **attrs
+        The op's attributes, by their spec names.
+
+    Returns
+    -------
+    SpecOp
+        ``infer_shape(*inputs)`` gives the output shape without data;
+        calling it computes.
+
+    Raises
+    ------
+    ConvGradError
+        An unknown op or attribute name (the message lists the valid ones).
+
+    Examples
+    --------
+    >>> import convgrad
+    >>> op = convgrad.op("GroupConvolutionBackpropData", strides=[2], pads_begin=[1],
+    ...                  pads_end=[1], dilations=[1])
+    >>> op.infer_shape((1, 20, 224), (4, 5, 2, 3))
+    (1, 8, 447)
     """
     table = _public_names()
     entry = table.get(name) if isinstance(name, str) else None

@@ -3,7 +3,7 @@ number of threads.
 
 Settings live in context variables, so a ``with convgrad.config(...)`` block
 affects only the thread (or asyncio task) that entered it -- except the BLAS
-thread limit, which is process-wide (see :func:`config`).
+thread limit, which is process-wide (see :func:`convgrad.config`).
 
 The default workspace budget is a fraction (:data:`WORKSPACE_FRACTION`) of the
 memory available when the call is made (``MemAvailable`` in /proc/meminfo,
@@ -30,6 +30,8 @@ ISAS = ("auto", "avx512", "avx2", "generic")
 
 
 def algo() -> str:
+    """The kernel forced with ``config(algo=...)`` in this context, ``"auto"``
+    (the chooser) by default."""
     return _algo.get()
 
 
@@ -86,8 +88,10 @@ def _positive_int(name: str, value) -> int:
 @contextlib.contextmanager
 def config(*, algo: str | None = None, workspace_bytes: int | None = None,
            threads: int | None = None, isa: str | None = None):
-    """Settings for the calls made inside the block.
+    """Settings for the calls made inside the block (a context manager).
 
+    Parameters
+    ----------
     algo : str, optional
         Force a kernel (``"reference"``, ``"im2col"``, ...) or ``"auto"``.
     workspace_bytes : int, optional
@@ -95,8 +99,9 @@ def config(*, algo: str | None = None, workspace_bytes: int | None = None,
         fraction of the available memory, see :mod:`convgrad.settings`).
     threads : int, optional
         Number of threads: the BLAS thread pools (OpenBLAS, MKL, BLIS, set
-        with threadpoolctl) are limited to it, and :func:`threads` returns it
-        so kernels with thread pools of their own honour it.  The BLAS limit is
+        with threadpoolctl) are limited to it, and
+        :func:`convgrad.settings.threads` returns it so kernels with thread
+        pools of their own honour it.  The BLAS limit is
         **process-wide**: while the block runs it also applies to calls from
         other threads, and it is restored when the block exits (do not enter
         ``threads=`` blocks from several threads at once).
@@ -105,6 +110,23 @@ def config(*, algo: str | None = None, workspace_bytes: int | None = None,
         or ``"auto"`` (default: the best one this CPU runs); forcing a build
         the CPU cannot run makes native-kernel calls raise ``ConvGradError``.
         ``convgrad.kernels.native.info()`` lists what is loaded.
+
+    Raises
+    ------
+    TypeError
+        ``algo`` is not a string, or ``threads`` not an integer.
+    ValueError
+        ``workspace_bytes`` or ``threads`` is not positive, or ``isa`` is not
+        a known build.
+
+    Examples
+    --------
+    >>> import convgrad
+    >>> with convgrad.config(algo="reference", threads=1):
+    ...     (convgrad.settings.algo(), convgrad.settings.threads())
+    ('reference', 1)
+    >>> convgrad.settings.algo(), convgrad.settings.threads()
+    ('auto', None)
     """
     if algo is not None and not isinstance(algo, str):
         raise TypeError(f"algo must be a string, got {algo!r}")

@@ -15,13 +15,19 @@ from ..frontends._plan import OPS, OpDef, TensorSpec
 from ..registry import SpecOp, op as _spec_op
 from . import _graph
 
-_NOTE = """
+_NOTE = """\
     On Dask arrays (``convgrad.dask``): tensor inputs may be Dask arrays
     chunked along any axes (NumPy arrays become one chunk); the result is a
     lazy Dask array.  Weight gradients are summed over blocks with a tree
     reduction; data results are chunked like the op's large input.  See
-    ``docs/dask.md``.
-"""
+    ``docs/dask.md``."""
+
+
+def _with_note(doc: str) -> str:
+    """``doc`` with the Dask note as its second paragraph: before any numpydoc
+    section, so that it is not read as part of the last one."""
+    head, sep, rest = doc.partition("\n\n")
+    return head.rstrip() + "\n\n" + _NOTE + ("\n\n" + rest if sep else "\n")
 
 
 def as_dask(op: str, name: str, value) -> da.Array:
@@ -59,7 +65,7 @@ def dask_function(entry: OpDef):
         return _graph.run(entry.plan(*bound.args, **bound.kwargs), arrays)
 
     function.__signature__ = sig
-    function.__doc__ = (entry.function.__doc__ or "") + _NOTE
+    function.__doc__ = _with_note(entry.function.__doc__ or "")
     return function
 
 

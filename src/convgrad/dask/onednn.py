@@ -1,7 +1,7 @@
 """oneDNN Graph ops on Dask arrays: :mod:`convgrad.onednn`'s functions, same names and
 attributes, Dask arrays in and out."""
 
-from ..frontends import onednn as _spec
+from .. import onednn as _spec
 from ._front import dialect_functions
 
 globals().update(dialect_functions(_spec))

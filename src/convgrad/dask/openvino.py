@@ -1,7 +1,7 @@
 """OpenVINO ops on Dask arrays: :mod:`convgrad.openvino`'s functions, same names and
 attributes, Dask arrays in and out."""
 
-from ..frontends import openvino as _spec
+from .. import openvino as _spec
 from ._front import dialect_functions
 
 globals().update(dialect_functions(_spec))

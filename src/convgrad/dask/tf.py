@@ -1,7 +1,7 @@
 """TensorFlow ops on Dask arrays: :mod:`convgrad.tf`'s functions, same names and
 attributes, Dask arrays in and out."""
 
-from ..frontends import tf as _spec
+from .. import tf as _spec
 from ._front import dialect_functions
 
 globals().update(dialect_functions(_spec))

@@ -29,8 +29,36 @@ def _check_out(op, name, got, in_sizes, kernel, a):
 @spec_op("conv_weight_grad", DIALECT, inputs=("x", "dy", "kernel_shape"), tensors=("x", "dy"))
 def conv_weight_grad(x, dy, kernel_shape, *, strides=None, pads_begin=None, pads_end=None,
                      dilations=None, groups=1):
-    """Weight gradient ``dw[O, C/G, *K]`` of ``y = conv(x, w)`` given ``x[N, C, *S]``
-    and ``dy[N, O, *M]``.  ``kernel_shape`` is ``(O, C/G, *K)`` or ``K``."""
+    """Weight gradient ``dw[O, C/G, *K]`` of ``y = conv(x, w)``.
+
+    Parameters
+    ----------
+    x : ndarray
+        The convolution's input ``(N, C, *S)``, rank 3 to 5.
+    dy : ndarray
+        The gradient of its output ``(N, O, *M)``; ``M`` must be exactly
+        ``floor((S + pb + pe - Ke) / s) + 1``.
+    kernel_shape : list of int
+        ``(O, C/G, *K)`` or ``K``.
+    strides : list of int, optional
+        Stride per spatial axis (positive), default 1.
+    pads_begin, pads_end : list of int, optional
+        Non-negative explicit padding per spatial axis, default 0.
+    dilations : list of int, optional
+        Dilation per spatial axis, 1 = dense (default).
+    groups : int, optional
+        Channels split into ``groups`` contiguous blocks (default 1).
+
+    Returns
+    -------
+    ndarray
+        ``dw`` of shape ``(O, C/G, *K)``, with the inputs' dtype.
+
+    Raises
+    ------
+    ConvGradError
+        An attribute or shape breaks a rule (the message names it).
+    """
     op = "conv_weight_grad"
     rank = same_rank(op, ("x", "dy"), (x, dy))
     n, c, in_sizes = data_shape(op, "x", x, NCX)
@@ -55,9 +83,39 @@ def conv_weight_grad(x, dy, kernel_shape, *, strides=None, pads_begin=None, pads
 @spec_op("conv_data_grad", DIALECT, inputs=("w", "dy", "input_shape"), tensors=("w", "dy"))
 def conv_data_grad(w, dy, input_shape=None, *, strides=None, pads_begin=None, pads_end=None,
                    dilations=None, groups=1, output_padding=None):
-    """Data gradient ``dx[N, C, *S]`` of ``y = conv(x, w)`` given ``w[O, C/G, *K]``
-    and ``dy[N, O, *M]`` (= the transposed convolution of dy).  ``input_shape``
-    is ``(N, C, *S)`` or ``S``; without it ``S = s*(M-1) + Ke - pb - pe + output_padding``."""
+    """Data gradient ``dx[N, C, *S]`` of ``y = conv(x, w)``: the transposed
+    convolution of ``dy``.
+
+    Parameters
+    ----------
+    w : ndarray
+        The convolution's weights ``(O, C/G, *K)``.
+    dy : ndarray
+        The gradient of its output ``(N, O, *M)``.
+    input_shape : list of int, optional
+        ``(N, C, *S)`` or ``S``; without it
+        ``S = s*(M-1) + Ke - pb - pe + output_padding``.
+    strides : list of int, optional
+        Stride per spatial axis (positive), default 1.
+    pads_begin, pads_end : list of int, optional
+        Non-negative explicit padding per spatial axis, default 0.
+    dilations : list of int, optional
+        Dilation per spatial axis, 1 = dense (default).
+    groups : int, optional
+        Channels split into ``groups`` contiguous blocks (default 1).
+    output_padding : list of int, optional
+        Used only without ``input_shape``: ``0 <= op < max(stride, dilation)``.
+
+    Returns
+    -------
+    ndarray
+        ``dx`` of shape ``(N, C, *S)``, with the inputs' dtype.
+
+    Raises
+    ------
+    ConvGradError
+        An attribute or shape breaks a rule (the message names it).
+    """
     op = "conv_data_grad"
     rank = len(dy.shape)
     n, o, out_sizes = data_shape(op, "dy", dy, NCX)
@@ -86,7 +144,33 @@ def conv_data_grad(w, dy, input_shape=None, *, strides=None, pads_begin=None, pa
 @spec_op("conv_forward", DIALECT, inputs=("x", "w"), tensors=("x", "w"))
 def conv_forward(x, w, *, strides=None, pads_begin=None, pads_end=None, dilations=None,
                  groups=1):
-    """Forward convolution ``y[N, O, *M]`` of ``x[N, C, *S]`` with ``w[O, C/G, *K]``."""
+    """Forward convolution ``y[N, O, *M]`` of ``x[N, C, *S]`` with ``w[O, C/G, *K]``.
+
+    Parameters
+    ----------
+    x : ndarray
+        The input ``(N, C, *S)``, rank 3 to 5.
+    w : ndarray
+        The weights ``(O, C/G, *K)``.
+    strides : list of int, optional
+        Stride per spatial axis (positive), default 1.
+    pads_begin, pads_end : list of int, optional
+        Non-negative explicit padding per spatial axis, default 0.
+    dilations : list of int, optional
+        Dilation per spatial axis, 1 = dense (default).
+    groups : int, optional
+        Channels split into ``groups`` contiguous blocks (default 1).
+
+    Returns
+    -------
+    ndarray
+        ``y`` of shape ``(N, O, *M)``, ``M = floor((S + pb + pe - Ke) / s) + 1``.
+
+    Raises
+    ------
+    ConvGradError
+        An attribute or shape breaks a rule (the message names it).
+    """
     op = "conv_forward"
     rank = len(x.shape)
     n, c, in_sizes = data_shape(op, "x", x, NCX)

@@ -16,12 +16,12 @@ Integer dtypes are computed exactly (int64) and saturate to the dtype's range
 
 from __future__ import annotations
 
-from ..errors import fail
-from ..geometry import (conv_out_sizes, make_geometry, openvino_backprop_pads,
-                        resolve_pads, shape_input)
-from ..layouts import NCX, OV_GROUP_WEIGHTS, OV_WEIGHTS
-from ._common import check_equal, conv_attrs, data_shape, make_plan, weights_dims
-from ._plan import spec_op
+from .errors import fail
+from .frontends._common import check_equal, conv_attrs, data_shape, make_plan, weights_dims
+from .frontends._plan import spec_op
+from .geometry import (conv_out_sizes, make_geometry, openvino_backprop_pads, resolve_pads,
+                       shape_input)
+from .layouts import NCX, OV_GROUP_WEIGHTS, OV_WEIGHTS
 
 DIALECT = "openvino"
 
@@ -144,7 +144,13 @@ def convolution_backprop_data(data, filter, output_shape=None, *, strides,  # no
                               pads_begin=None, pads_end=None, dilations=None,
                               auto_pad="explicit", output_padding=None):
     """OpenVINO ConvolutionBackpropData-1: data ``[N, C_IN, X...]``, filter
-    ``[C_IN, C_OUT, X...]``; returns ``[N, C_OUT, X'...]``."""
+    ``[C_IN, C_OUT, X...]``; returns ``[N, C_OUT, X'...]``.
+
+    See Also
+    --------
+    group_convolution_backprop_data : the attributes (strides, pads, dilations,
+        auto_pad, output_padding, output_shape) in full.
+    """
     return _backprop("ConvolutionBackpropData", data, filter, output_shape, strides,
                      pads_begin, pads_end, dilations, auto_pad, output_padding, grouped=False)
 
@@ -152,7 +158,13 @@ def convolution_backprop_data(data, filter, output_shape=None, *, strides,  # no
 @spec_op("Convolution", DIALECT, inputs=("data", "filter"), tensors=("data", "filter"))
 def convolution(data, filter, *, strides, pads_begin=None, pads_end=None,  # noqa: A002
                 dilations=None, auto_pad="explicit"):
-    """OpenVINO Convolution-1: data ``[N, C_IN, X...]``, filter ``[C_OUT, C_IN, X...]``."""
+    """OpenVINO Convolution-1: data ``[N, C_IN, X...]``, filter ``[C_OUT, C_IN, X...]``.
+
+    See Also
+    --------
+    group_convolution_backprop_data : the attributes (strides, pads, dilations,
+        auto_pad, output_padding, output_shape) in full.
+    """
     return _forward("Convolution", data, filter, strides, pads_begin, pads_end, dilations,
                     auto_pad, grouped=False)
 
@@ -161,7 +173,13 @@ def convolution(data, filter, *, strides, pads_begin=None, pads_end=None,  # noq
 def group_convolution(data, filter, *, strides, pads_begin=None, pads_end=None,  # noqa: A002
                       dilations=None, auto_pad="explicit"):
     """OpenVINO GroupConvolution-1: data ``[N, G*C_IN, X...]``, filter
-    ``[G, C_OUT, C_IN, X...]``."""
+    ``[G, C_OUT, C_IN, X...]``.
+
+    See Also
+    --------
+    group_convolution_backprop_data : the attributes (strides, pads, dilations,
+        auto_pad, output_padding, output_shape) in full.
+    """
     return _forward("GroupConvolution", data, filter, strides, pads_begin, pads_end,
                     dilations, auto_pad, grouped=True)
 

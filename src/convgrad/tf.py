@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import fail
-from ..geometry import (check_conv_output, int_tuple, make_geometry,
-                        resolve_pads, shape_input)
-from ..layouts import NCX, NXC, TF_DEPTHWISE_WEIGHTS, TF_WEIGHTS
-from ._common import (ConvAttrs, check_equal, check_kernel, data_shape, make_plan, same_rank,
-                      weights_dims)
-from ._plan import spec_op
+from .errors import fail
+from .frontends._common import (ConvAttrs, check_equal, check_kernel, data_shape, make_plan,
+                                same_rank, weights_dims)
+from .frontends._plan import spec_op
+from .geometry import check_conv_output, int_tuple, make_geometry, resolve_pads, shape_input
+from .layouts import NCX, NXC, TF_DEPTHWISE_WEIGHTS, TF_WEIGHTS
 
 DIALECT = "tf"
 
@@ -254,7 +253,13 @@ def conv2d_backprop_input(input_sizes, filter, out_backprop, strides, padding,  
                           data_format="NHWC", dilations=None, explicit_paddings=None, *,
                           use_cudnn_on_gpu=True, name=None):
     """TensorFlow Conv2DBackpropInput: gradient w.r.t. the input, of shape
-    ``input_sizes`` (4 values, or 2 spatial values)."""
+    ``input_sizes`` (4 values, or 2 spatial values).
+
+    See Also
+    --------
+    conv2d_backprop_filter : the arguments shared by every op (strides,
+        padding, data_format, dilations, explicit_paddings), in full.
+    """
     return _dgrad("Conv2DBackpropInput", "input_sizes", input_sizes, "filter", filter,
                   out_backprop, strides, padding, data_format, dilations, explicit_paddings,
                   rank=4)
@@ -265,7 +270,13 @@ def conv2d_backprop_input(input_sizes, filter, out_backprop, strides, padding,  
 def conv3d_backprop_filter_v2(input, filter_sizes, out_backprop, strides, padding,  # noqa: A002
                               data_format="NDHWC", dilations=None, explicit_paddings=None, *,
                               name=None):
-    """TensorFlow Conv3DBackpropFilterV2: gradient w.r.t. the DHWIO filter."""
+    """TensorFlow Conv3DBackpropFilterV2: gradient w.r.t. the DHWIO filter.
+
+    See Also
+    --------
+    conv2d_backprop_filter : the arguments shared by every op (strides,
+        padding, data_format, dilations, explicit_paddings), in full.
+    """
     return _wgrad("Conv3DBackpropFilterV2", input, filter_sizes, out_backprop, strides,
                   padding, data_format, dilations, explicit_paddings, rank=5)
 
@@ -275,7 +286,13 @@ def conv3d_backprop_filter_v2(input, filter_sizes, out_backprop, strides, paddin
 def conv3d_backprop_input_v2(input_sizes, filter, out_backprop, strides, padding,  # noqa: A002
                              data_format="NDHWC", dilations=None, explicit_paddings=None, *,
                              name=None):
-    """TensorFlow Conv3DBackpropInputV2: gradient w.r.t. the input."""
+    """TensorFlow Conv3DBackpropInputV2: gradient w.r.t. the input.
+
+    See Also
+    --------
+    conv2d_backprop_filter : the arguments shared by every op (strides,
+        padding, data_format, dilations, explicit_paddings), in full.
+    """
     return _dgrad("Conv3DBackpropInputV2", "input_sizes", input_sizes, "filter", filter,
                   out_backprop, strides, padding, data_format, dilations, explicit_paddings,
                   rank=5)
@@ -289,7 +306,13 @@ def depthwise_conv2d_native_backprop_filter(input, filter_sizes, out_backprop,  
                                             name=None):
     """TensorFlow DepthwiseConv2dNativeBackpropFilter: gradient w.r.t. the
     filter ``[filter_height, filter_width, in_channels, channel_multiplier]``
-    (output channel ``k * multiplier + q`` comes from input channel ``k``)."""
+    (output channel ``k * multiplier + q`` comes from input channel ``k``).
+
+    See Also
+    --------
+    conv2d_backprop_filter : the arguments shared by every op (strides,
+        padding, data_format, dilations, explicit_paddings), in full.
+    """
     return _wgrad("DepthwiseConv2dNativeBackpropFilter", input, filter_sizes, out_backprop,
                   strides, padding, data_format, dilations, explicit_paddings, rank=4,
                   depthwise=True)
@@ -301,7 +324,14 @@ def depthwise_conv2d_native_backprop_input(input_sizes, filter, out_backprop,  #
                                            strides, padding, data_format="NHWC",
                                            dilations=None, explicit_paddings=None, *,
                                            name=None):
-    """TensorFlow DepthwiseConv2dNativeBackpropInput: gradient w.r.t. the input."""
+    """TensorFlow DepthwiseConv2dNativeBackpropInput: gradient w.r.t. the input.
+
+    See Also
+    --------
+    conv2d_backprop_filter : the arguments shared by every op (strides,
+        padding, data_format, dilations, explicit_paddings), in full.
+    depthwise_conv2d_native_backprop_filter : the depthwise filter layout.
+    """
     return _dgrad("DepthwiseConv2dNativeBackpropInput", "input_sizes", input_sizes, "filter",
                   filter, out_backprop, strides, padding, data_format, dilations,
                   explicit_paddings, rank=4, depthwise=True)
@@ -321,7 +351,14 @@ def _transpose(op, input, filters, output_shape, strides, padding, data_format, 
 def conv1d_transpose(input, filters, output_shape, strides, padding="SAME",  # noqa: A002
                      data_format="NWC", dilations=None, name=None):
     """``tf.nn.conv1d_transpose``: filters ``[width, out_channels, in_channels]``;
-    the result has shape ``output_shape`` (3 values, or 1 spatial value)."""
+    the result has shape ``output_shape`` (3 values, or 1 spatial value).
+
+    See Also
+    --------
+    conv2d_backprop_filter : the arguments shared by every op (strides,
+        padding, data_format, dilations, explicit_paddings), in full.
+    conv2d_transpose : the same op in 2-D.
+    """
     return _transpose("conv1d_transpose", input, filters, output_shape, strides, padding,
                       data_format, dilations, rank=3)
 
@@ -331,7 +368,14 @@ def conv1d_transpose(input, filters, output_shape, strides, padding="SAME",  # n
 def conv2d_transpose(input, filters, output_shape, strides, padding="SAME",  # noqa: A002
                      data_format="NHWC", dilations=None, name=None):
     """``tf.nn.conv2d_transpose``: filters ``[height, width, out_channels,
-    in_channels]``; the result has shape ``output_shape`` (4 values, or 2 spatial)."""
+    in_channels]``; the result has shape ``output_shape`` (4 values, or 2 spatial).
+
+    See Also
+    --------
+    conv2d_backprop_filter : the arguments shared by every op (strides,
+        padding, data_format, dilations, explicit_paddings), in full.
+    conv2d_backprop_input : the op it computes, ``input_sizes = output_shape``.
+    """
     return _transpose("conv2d_transpose", input, filters, output_shape, strides, padding,
                       data_format, dilations, rank=4)
 

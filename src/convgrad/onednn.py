@@ -17,13 +17,13 @@ output_padding must be in ``[0, max(stride, dilation))``.
 
 from __future__ import annotations
 
-from ..geometry import (check_conv_output, check_divisible, conv_out_sizes, make_geometry,
-                        parse_choice, positive_int, resolve_pads, shape_input,
-                        transposed_sizes)
-from ..layouts import CONV_WEIGHTS, CONVT_WEIGHTS, NCX, NXC
-from ._common import (check_bias, check_equal, check_kernel, conv_attrs, data_shape,
-                      make_plan, same_rank, weights_dims)
-from ._plan import spec_op
+from .frontends._common import (check_bias, check_equal, check_kernel, conv_attrs,
+                                data_shape, make_plan, same_rank, weights_dims)
+from .frontends._plan import spec_op
+from .geometry import (check_conv_output, check_divisible, conv_out_sizes, make_geometry,
+                       parse_choice, positive_int, resolve_pads, shape_input,
+                       transposed_sizes)
+from .layouts import CONV_WEIGHTS, CONVT_WEIGHTS, NCX, NXC
 
 DIALECT = "onednn"
 
@@ -281,14 +281,41 @@ def conv_transpose_backprop_filters(input, output_delta, filter_shape=None, *,  
 
 @spec_op("ConvTransposeBackwardWeights", DIALECT, inputs=("src", "diff_dst", "weights_shape"),
          tensors=("src", "diff_dst"), shape_attrs=("weights_shape",))
+@_doc
 def conv_transpose_backward_weights(src, diff_dst, weights_shape=None, *, strides,
                                     pads_begin=None, pads_end=None, dilations=None,
                                     auto_pad="None", output_padding=None, groups=1,
                                     data_format="NXC", weights_format="XOI"):
     """oneDNN Graph ConvTransposeBackwardWeights: the weight gradient of ConvTranspose.
 
-    ``weights_shape``: full shape in ``weights_format`` -- XOI ``(X, O/G, I)``,
-    IOX ``(I, O/G, X)`` (also OIX, XIO) -- or spatial.
+    Parameters
+    ----------
+    src : ndarray
+        The ConvTranspose's input, channels I, rank 3 to 5, in ``data_format``.
+    diff_dst : ndarray
+        The gradient of its output, channels O, spatial size exactly
+        ``s*(L-1) + (K-1)*d + 1 - pads_begin - pads_end + output_padding``.
+    weights_shape : list of int
+        Full shape in ``weights_format`` -- XOI ``(X, O/G, I)``, IOX
+        ``(I, O/G, X)``, OIX ``(O/G, I, X)`` or XIO ``(X, I, O/G)`` -- or
+        spatial only.  Required.
+    <common attributes, ConvTranspose>
+    output_padding : list of int, optional
+        Extra output positions at the end, ``0 <= op < max(stride, dilation)``.
+    weights_format : {"XOI", "IOX", "OIX", "XIO"}, optional
+        Layout of the result.
+
+    Returns
+    -------
+    ndarray
+        diff_weights in ``weights_format``.
+
+    Examples
+    --------
+    >>> u = np.array([[[1.0], [2.0]]])                 # ConvTranspose input, NXC
+    >>> v = np.arange(1.0, 6.0).reshape(1, 5, 1)       # gradient of its 5-long output
+    >>> conv_transpose_backward_weights(u, v, [3], strides=[2]).ravel()
+    array([ 7., 10., 13.])
     """
     return _convt_wgrad("ConvTransposeBackwardWeights", "src", src, "diff_dst", diff_dst,
                         "weights_shape", weights_shape, strides=strides,
@@ -299,16 +326,41 @@ def conv_transpose_backward_weights(src, diff_dst, weights_shape=None, *, stride
 
 @spec_op("ConvolutionBackwardData", DIALECT, inputs=("diff_dst", "weights", "dst_shape"),
          tensors=("diff_dst", "weights"), shape_attrs=("dst_shape",))
+@_doc
 def convolution_backward_data(diff_dst, weights, dst_shape=None, *, strides, pads_begin=None,
                               pads_end=None, dilations=None, auto_pad="None",
                               output_padding=None, groups=1, data_format="NXC",
                               weights_format="XIO"):
     """oneDNN Graph ConvolutionBackwardData: the data gradient of Convolution.
 
-    ``dst_shape`` (the shape of diff_src, full in ``data_format`` or spatial)
-    fixes the result size; without it the size is
-    ``s*(M-1) + Ke - pb - pe + output_padding`` (``s*M + output_padding`` for
-    same_*), as the matching ConvTranspose gives.
+    Parameters
+    ----------
+    diff_dst : ndarray
+        The gradient of the Convolution's output, rank 3 to 5, in ``data_format``.
+    weights : ndarray
+        The Convolution's weights in ``weights_format``: XIO ``(X, I/G, O)`` or
+        OIX ``(O, I/G, X)``.
+    dst_shape : list of int, optional
+        The shape of the result (diff_src, the Convolution's input), full in
+        ``data_format`` or spatial.  Without it the size is
+        ``s*(M-1) + Ke - pb - pe + output_padding`` (``s*M + output_padding``
+        for same_*), as the matching ConvTranspose gives.
+    <common attributes>
+    output_padding : list of int, optional
+        ``0 <= op < max(stride, dilation)``; used only without ``dst_shape``.
+    weights_format : {"XIO", "OIX"}, optional
+        Layout of ``weights``.
+
+    Returns
+    -------
+    ndarray
+        diff_src in ``data_format``.
+
+    Examples
+    --------
+    >>> w = np.array([[[1.0]], [[10.0]]])              # XIO: K=2, one channel in and out
+    >>> convolution_backward_data(np.array([[[1.0], [2.0]]]), w, [3], strides=[1]).ravel()
+    array([ 1., 12., 20.])
     """
     op = "ConvolutionBackwardData"
     dl = _data_layout(op, data_format)
@@ -348,13 +400,41 @@ def convolution_backward_data(diff_dst, weights, dst_shape=None, *, strides, pad
 
 @spec_op("ConvTransposeBackwardData", DIALECT, inputs=("diff_dst", "weights"),
          tensors=("diff_dst", "weights"))
+@_doc
 def conv_transpose_backward_data(diff_dst, weights, *, strides, pads_begin=None,
                                  pads_end=None, dilations=None, auto_pad="None",
                                  output_padding=None, groups=1, data_format="NXC",
                                  weights_format="XOI"):
     """oneDNN Graph ConvTransposeBackwardData: the data gradient of ConvTranspose,
-    i.e. the forward Convolution of diff_dst with the same weights and pads
-    (its size ``floor((L + pb + pe - output_padding - Ke) / s) + 1``)."""
+    i.e. the forward Convolution of diff_dst with the same weights and pads.
+
+    Parameters
+    ----------
+    diff_dst : ndarray
+        The gradient of the ConvTranspose's output, channels O, rank 3 to 5,
+        in ``data_format``.
+    weights : ndarray
+        The ConvTranspose's weights in ``weights_format``: XOI ``(X, O/G, I)``,
+        IOX ``(I, O/G, X)``, OIX ``(O/G, I, X)`` or XIO ``(X, I, O/G)``.
+    <common attributes, ConvTranspose>
+    output_padding : list of int, optional
+        The ConvTranspose's, ``0 <= op < max(stride, dilation)``: the result's
+        size is ``floor((L + pb + pe - output_padding - Ke) / s) + 1``.
+    weights_format : {"XOI", "IOX", "OIX", "XIO"}, optional
+        Layout of ``weights``.
+
+    Returns
+    -------
+    ndarray
+        diff_src (channels I) in ``data_format``.
+
+    Examples
+    --------
+    >>> w = np.array([[[1.0]], [[10.0]], [[100.0]]])   # XOI: K=3, one channel out and in
+    >>> dd = np.arange(1.0, 6.0).reshape(1, 5, 1)
+    >>> conv_transpose_backward_data(dd, w, strides=[2]).ravel()
+    array([321., 543.])
+    """
     op = "ConvTransposeBackwardData"
     dl = _data_layout(op, data_format)
     rank = len(diff_dst.shape)
@@ -378,10 +458,36 @@ def conv_transpose_backward_data(diff_dst, weights, *, strides, pads_begin=None,
 
 @spec_op("Convolution", DIALECT, inputs=("src", "weights", "bias"),
          tensors=("src", "weights", "bias"))
+@_doc
 def convolution(src, weights, bias=None, *, strides, pads_begin=None, pads_end=None,
                 dilations=None, auto_pad="None", groups=1, data_format="NXC",
                 weights_format="XIO"):
-    """oneDNN Graph Convolution (forward), with optional per-channel bias."""
+    """oneDNN Graph Convolution (forward), with an optional per-channel bias.
+
+    Parameters
+    ----------
+    src : ndarray
+        The input, rank 3 to 5, in ``data_format``.
+    weights : ndarray
+        XIO ``(X, I/G, O)`` or OIX ``(O, I/G, X)``, as ``weights_format`` says.
+    bias : ndarray, optional
+        Shape ``(O,)``, added to every output position.
+    <common attributes>
+    weights_format : {"XIO", "OIX"}, optional
+        Layout of ``weights``.
+
+    Returns
+    -------
+    ndarray
+        dst in ``data_format``, spatial size ``floor((L + pb + pe - Ke) / s) + 1``
+        (``ceil(L / s)`` for same_*).
+
+    Examples
+    --------
+    >>> src = np.array([[[1.0], [2.0], [3.0]]])         # NXC: 3 positions, 1 channel
+    >>> convolution(src, np.array([[[1.0]], [[10.0]]]), np.array([0.5]), strides=[1]).ravel()
+    array([21.5, 32.5])
+    """
     op = "Convolution"
     dl = _data_layout(op, data_format)
     rank = len(src.shape)
@@ -406,11 +512,40 @@ def convolution(src, weights, bias=None, *, strides, pads_begin=None, pads_end=N
 
 @spec_op("ConvTranspose", DIALECT, inputs=("src", "weights", "bias"),
          tensors=("src", "weights", "bias"))
+@_doc
 def conv_transpose(src, weights, bias=None, *, strides, pads_begin=None, pads_end=None,
                    dilations=None, auto_pad="None", output_padding=None, groups=1,
                    data_format="NXC", weights_format="XOI"):
-    """oneDNN Graph ConvTranspose (forward): size ``s*(L-1) + Ke - pb - pe +
-    output_padding``; same_* use total padding ``max(Ke - s, 0)``."""
+    """oneDNN Graph ConvTranspose (forward): the transposed convolution.
+
+    Parameters
+    ----------
+    src : ndarray
+        The input, channels I, rank 3 to 5, in ``data_format``.
+    weights : ndarray
+        XOI ``(X, O/G, I)``, IOX ``(I, O/G, X)``, OIX ``(O/G, I, X)`` or XIO
+        ``(X, I, O/G)``, as ``weights_format`` says.
+    bias : ndarray, optional
+        Shape ``(O,)``.
+    <common attributes, ConvTranspose>
+    output_padding : list of int, optional
+        Extra output positions at the end, ``0 <= op < max(stride, dilation)``.
+    weights_format : {"XOI", "IOX", "OIX", "XIO"}, optional
+        Layout of ``weights``.
+
+    Returns
+    -------
+    ndarray
+        dst (channels O) in ``data_format``, spatial size
+        ``s*(L-1) + Ke - pb - pe + output_padding`` (``s*L + output_padding``
+        for same_*).
+
+    Examples
+    --------
+    >>> w = np.array([[[1.0]], [[10.0]], [[100.0]]])   # XOI: K=3
+    >>> conv_transpose(np.array([[[1.0], [2.0]]]), w, strides=[2]).ravel()
+    array([  1.,  10., 102.,  20., 200.])
+    """
     op = "ConvTranspose"
     dl = _data_layout(op, data_format)
     rank = len(src.shape)
