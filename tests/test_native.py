@@ -318,29 +318,6 @@ def test_the_16_float_build_logic_matches_the_naive_reference(vl16_engine, seed,
         check(list(STRUCTURAL.values())[seed], rng)
 
 
-@pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("groups", [1, 2])
-def test_weights_read_in_place_or_packed_agree(isa, groups, rng, monkeypatch):
-    """Channels-last (XIO) float32 weights with whole output blocks are read where they
-    are; packed panels give bitwise the same forward result."""
-    case = _geometry(2, c=16 * groups, o=48 * groups, size=19, k=3, groups=groups)
-    x, _, dy = make_arrays(case, rng, np.float32, True)
-    xio = rng.standard_normal((3, 3, 16, 48 * groups)).astype(np.float32)
-    w = np.transpose(xio, (3, 2, 0, 1))                 # OIX view of XIO memory
-    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
-    got = {}
-    for in_place in (True, False):
-        monkeypatch.setattr(native, "WEIGHTS_IN_PLACE", in_place)
-        with convgrad.config(algo="native", isa=isa):
-            got[in_place] = (convgrad.conv_forward(x, w, **kw),
-                             convgrad.conv_data_grad(w, dy, x.shape, **kw))
-    for a, b in zip(got[True], got[False]):
-        np.testing.assert_array_equal(a, b)
-    args = dict(strides=case["strides"], dilations=case["dilations"],
-                pads_begin=case["pads_begin"], groups=groups)
-    assert_close(got[True][0], naive.forward(x, w, case["out_sizes"], **args), np.float32)
-
-
 # -- results stored as float16 / bfloat16 ------------------------------------------------
 
 def _rounding_inputs():
