@@ -10,12 +10,15 @@ installs and falls back to its NumPy/numba kernels.  Everything else about the
 package is declared in pyproject.toml.
 """
 
+import glob
 import platform
 
 from setuptools import Extension, setup
 
-SOURCES = ["src/convgrad/kernels/native/engine.cpp"]
-DEPENDS = ["src/convgrad/kernels/native/simd.h"]
+# every kernel source of the engine (each its own translation unit, sharing the
+# headers), compiled into each build
+SOURCES = sorted(glob.glob("src/convgrad/kernels/native/*.cpp"))
+DEPENDS = sorted(glob.glob("src/convgrad/kernels/native/*.h"))
 # -ffp-contract=fast: a*b + c becomes one FMA where the ISA has it (GCC's
 # default outside ISO modes; said explicitly so the build flags decide).
 COMMON = ["-std=gnu++17", "-O3", "-ffp-contract=fast", "-fno-math-errno", "-fno-plt"]

@@ -6,6 +6,7 @@ weight-gradient modes (long lines cut into chunks, short lines gathered), both
 thread splits; exact padding (D17), determinism, the ISA switch and the fallback
 when no build loads."""
 
+import glob
 import os
 import subprocess
 import sys
@@ -120,6 +121,10 @@ STRUCTURAL = {
     "1x1-wide": _geometry(2, c=40, o=17, size=30, k=1, pb=0, pe=0),
     "grouped-3d": _geometry(3, c=20, o=36, size=7, k=2, groups=2, pb=0, pe=1),
     "all-padding-taps": _geometry(1, c=5, o=9, size=4, k=5, d=3, pb=6, pe=6),
+    "pointwise-2d": _geometry(2, c=20, o=36, size=9, k=1, pb=0, pe=0, n=4),
+    "pointwise-3d-grouped": _geometry(3, c=24, o=16, size=5, k=1, pb=0, pe=0, n=5, groups=2),
+    "few-channels-folded": _geometry(2, c=3, o=40, size=61, k=7, s=2, pb=3, pe=3, n=1),
+    "few-channels-folded-1d": _geometry(1, c=2, o=20, size=150, k=5, s=3, d=2, pb=4, pe=1),
 }
 
 
@@ -135,7 +140,8 @@ def test_structural_cases(isa, name, rng, monkeypatch):
         check(case, rng, isa=isa, channels_last=channels_last)
 
 
-@pytest.mark.parametrize("name", ["long-lines-2d", "short-lines-3d", "taps-far-apart"])
+@pytest.mark.parametrize("name", ["long-lines-2d", "short-lines-3d", "taps-far-apart",
+                                  "few-channels-folded", "pointwise-2d"])
 def test_weight_gradient_modes_agree(name, rng, monkeypatch):
     """Packed and in-place x rows, long-line and gathered chunks, split positions and
     split output channels: all equal to the reference."""
@@ -284,21 +290,21 @@ def test_without_a_loadable_build_import_works_and_falls_back():
 # vectors and portable helpers (CG_EMULATE_VL16) it runs anywhere, and checks the
 # AVX-512 build's tile shapes, tails and register blocks.
 
-SOURCE = os.path.join(os.path.dirname(native.__file__), "native", "engine.cpp")
+SOURCES = sorted(glob.glob(os.path.join(os.path.dirname(native.__file__), "native", "*.cpp")))
 
 
 @pytest.fixture(scope="module")
 def vl16_engine(tmp_path_factory):
     import shutil
     gxx = shutil.which("g++") or shutil.which("c++")
-    if gxx is None or not os.path.exists(SOURCE):
+    if gxx is None or not SOURCES:
         if os.environ.get("CONVGRAD_REQUIRE_PEERS") == "1":
             raise RuntimeError("CI must test the 16-float build: no C++ compiler or source")
         pytest.skip("no C++ compiler or engine source")
     out = tmp_path_factory.mktemp("vl16") / "engine_vl16.so"
     flags = ["-mavx2", "-mfma", "-mf16c"] if "avx2" in native.info()["cpu_features"] else []
     subprocess.run([gxx, "-std=gnu++17", "-O1", "-ffp-contract=fast", "-fPIC", "-shared",
-                    "-DCG_EMULATE_VL16=1", *flags, "-o", str(out), SOURCE], check=True,
+                    "-DCG_EMULATE_VL16=1", *flags, "-o", str(out), *SOURCES], check=True,
                    timeout=600)
     return native.Engine("avx512", str(out), built_as="vl16")
 

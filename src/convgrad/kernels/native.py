@@ -17,10 +17,11 @@ Every problem maps onto two compiled kernels (see docs/kernels.md):
 The kernels read the caller's views as they are -- float32, float16 or
 bfloat16, channels last or first -- and convert blocks of lines into per-thread
 scratch only when a view is not float32 with unit channel stride: no
-whole-tensor layout or dtype copy is made.  The results are float32; a
-forward or data gradient result is laid out in the memory order of its data
-input (an NCX caller gets NCX memory, seen here as an NXC view), so no layout
-copy is needed on the way back either.
+whole-tensor layout or dtype copy is made.  A forward or data gradient result is
+laid out in the memory order of its data input (an NCX caller gets NCX memory,
+seen here as an NXC view), so no layout copy is needed on the way back either,
+and comes back in float32 or, when asked, in the call's float16/bfloat16 dtype
+(rounded once, as it is stored); weight gradients are float32.
 
 If no build can be loaded, :func:`available` says why and the registry falls
 back to the NumPy/numba kernels (with one warning at import).
@@ -29,6 +30,7 @@ back to the NumPy/numba kernels (with one warning at import).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import importlib.util
 import math
@@ -82,6 +84,8 @@ WGRAD_MAX_CHUNK = 512
 WGRAD_LINE_MIN = 24
 # wgrad: read float32 channels-last x rows in place (False: pack them too; tests)
 WGRAD_DIRECT_X = True
+# 1x1 stride-1 problems with at least this many samples run as 1-D ones (one line a sample)
+POINTWISE_MIN_SAMPLES = 4
 # wgrad: positions are cut into this many chunks with partial weight gradients
 # if they take at most PARTIALS_BYTES, else the output channels are split.
 WGRAD_CHUNKS = 8
@@ -458,7 +462,7 @@ class CorrPlan:
     nv: int
     rmax: int
     ob_group: int
-    items: np.ndarray     # per item: phase, first line, end line
+    items: np.ndarray     # per item: phase, first line, end line, first and end block
 
 
 def _corr_taps(geom: ConvGeometry, kind: str):
@@ -515,22 +519,58 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: i
     line_bytes = lin[2] * cin * 4
     pack_bytes, out_bytes = budgets[:2]
     budget = pack_bytes if packed else CORR_ITEM_BYTES
+    # Weight-stationary when the weights outweigh the input (ResNet-50 res5: 9.4 MB of
+    # weights, 0.8 MB of dy): items then also split the output blocks, a few blocks'
+    # weights each (kept in L2 while the item's pixels pass), instead of every item
+    # streaming all the weights.
+    nob = -(-(cout // G) // nb)
+    weight_bytes = G * nob * panel_bytes
+    data_bytes = n * math.prod(lin) * cin * 4
+    ob_split = (nob > ob_group and weight_bytes > CORR_WEIGHT_BYTES
+                and weight_bytes > 2 * data_bytes)
+    ob_ranges = ([(b, min(nob, b + ob_group)) for b in range(0, nob, ob_group)] if ob_split
+                 else [(0, nob)])
     items = []
     for k, p in enumerate(ph):
         lines = n * int(p[3] * p[4])
         rows_h = len(set(t4[p[6]:p[7], 1].tolist())) or 1
         rows_d = len(set(t4[p[6]:p[7], 0].tolist())) or 1
         out_line = int(p[5]) * cout * 4 if out_buffered else 0
-        band = max(1, total // (4 * threads))
+        band = max(1, total * len(ob_ranges) // (4 * threads) if not ob_split else lines)
         while band > 1 and (rows_d * (band * istep[1] + rows_h) * line_bytes > budget
                             or band * out_line > out_bytes):
             band = max(1, band // 2)
-        items += [(k, lo, min(lines, lo + band)) for lo in range(0, lines, band)]
+        items += [(k, lo, min(lines, lo + band), b0, b1) for b0, b1 in ob_ranges
+                  for lo in range(0, lines, band)]
     plan = CorrPlan(n, lin, cin, cout, G, istep, ostep, ph, t4, ntap_w, nv, rmax_of[nv - 1],
-                    ob_group, _i64(items).reshape(-1, 3))
+                    ob_group, _i64(items).reshape(-1, 5))
     for a in (plan.phases, plan.taps, plan.items):
         a.setflags(write=False)
     return plan
+
+
+def _pointwise(geom: ConvGeometry, *data: np.ndarray):
+    """A 1x1, stride-1, unpadded convolution in 2-D or 3-D is one in 1-D over the
+    flattened positions (longer lines: fewer, larger register tiles and chunks).
+    Returns that geometry and (N, positions, C) views of the (N, *S, C) arrays, or
+    the problem as it is when an array's positions do not flatten into a view, or
+    when there would be too few lines (samples) to share among threads."""
+    r = geom.spatial_rank
+    if (r < 2 or geom.n < POINTWISE_MIN_SAMPLES or any(k != 1 for k in geom.kernel)
+            or any(s != 1 for s in geom.strides)
+            or any(geom.pads_begin) or tuple(geom.in_sizes) != tuple(geom.out_sizes)):
+        return geom, data
+    flat = []
+    for a in data:
+        sh, st = a.shape, a.strides
+        if any(st[1 + i] != sh[2 + i] * st[2 + i] for i in range(r - 1)):
+            return geom, data
+        flat.append(np.lib.stride_tricks.as_strided(
+            a, (sh[0], math.prod(sh[1:-1]), sh[-1]), (st[0], st[r], st[-1]),
+            writeable=a.flags.writeable))
+    p = math.prod(geom.in_sizes)
+    return dataclasses.replace(geom, in_sizes=(p,), out_sizes=(p,), kernel=(1,), strides=(1,),
+                               dilations=(1,), pads_begin=(0,), pads_end=(0,)), tuple(flat)
 
 
 def _is_packed(a: np.ndarray) -> bool:
@@ -575,13 +615,14 @@ def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry, out_dtype=None) -> np.
         y[...] = 0
         return y
     threads = _threads(geom.flops)
-    plan = corr_plan(geom, "fwd", eng.vl, eng.rmax_of, threads, _is_packed(x),
-                     _is_packed(y), _budgets(threads))
+    geom, (xf, yf) = _pointwise(geom, x, y)
+    plan = corr_plan(geom, "fwd", eng.vl, eng.rmax_of, threads, _is_packed(xf),
+                     _is_packed(yf), _budgets(threads))
     w3 = _weights_2d(w)
     es = w3.itemsize
     weights = _weights(eng, w3, cg, og, w3.strides[1] // es, w3.strides[2] // es,
                        og * (w3.strides[2] // es), G, plan.nv, threads)
-    _corr(eng, plan, x, y, weights, threads)
+    _corr(eng, plan, xf, yf, weights, threads)
     return y
 
 
@@ -597,14 +638,15 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> 
         dx[...] = 0
         return dx
     threads = _threads(geom.flops)
-    plan = corr_plan(geom, "dgrad", eng.vl, eng.rmax_of, threads, _is_packed(dy),
-                     _is_packed(dx), _budgets(threads))
+    geom, (dyf, dxf) = _pointwise(geom, dy, dx)
+    plan = corr_plan(geom, "dgrad", eng.vl, eng.rmax_of, threads, _is_packed(dyf),
+                     _is_packed(dxf), _budgets(threads))
     w3 = _weights_2d(w)
     es = w3.itemsize
     # panel rows: dy channels o of the group; columns: dx channels c of the group
     weights = _weights(eng, w3, og, cg, w3.strides[2] // es, w3.strides[1] // es,
                        og * (w3.strides[2] // es), G, plan.nv, threads)
-    _corr(eng, plan, dy, dx, weights, threads)
+    _corr(eng, plan, dyf, dxf, weights, threads)
     return dx
 
 
@@ -650,10 +692,12 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32."""
     eng = engine()
     G, cg = geom.groups, geom.c // geom.groups
-    dw = np.zeros((*geom.kernel, cg, geom.o), np.float32)
-    if dw.size == 0 or x.size == 0 or dy.size == 0:
-        return dw
+    result = np.zeros((*geom.kernel, cg, geom.o), np.float32)
+    if result.size == 0 or x.size == 0 or dy.size == 0:
+        return result
     threads = _threads(geom.flops)
+    geom, (x, dy) = _pointwise(geom, x, dy)
+    dw = result.reshape(*geom.kernel, cg, geom.o)
     budgets = _budgets(threads)
     plan = wgrad_plan(geom, eng.vl, eng.mr_of, (budgets[2], WGRAD_MIN_CHUNK, WGRAD_MAX_CHUNK,
                                                 WGRAD_CHUNKS, budgets[3]))
@@ -686,4 +730,4 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
                         threads)
         np.add.reduce(parts, axis=0, out=dw.reshape(-1))
     del prob
-    return dw
+    return result

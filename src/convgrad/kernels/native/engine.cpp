@@ -27,93 +27,16 @@
 #include <utility>
 #include <vector>
 
+#include "common.h"
 #include "simd.h"
+#include "tiles.h"
 
 using namespace cg;
 
 namespace {
 
-// A strided view in the kernel's axis order: n, d, h, w, c (elements).
-struct Tensor {
-    const void* ptr;
-    int64_t dtype;
-    int64_t stride[5];
-};
-
-inline int64_t itemsize(int64_t dtype) { return dtype == F32 ? 4 : 2; }
-
-inline const char* at(const Tensor& t, int64_t n, int64_t d, int64_t h, int64_t w,
-                      int64_t c) {
-    return (const char*)t.ptr + itemsize(t.dtype) * (n * t.stride[0] + d * t.stride[1] +
-                                                     h * t.stride[2] + w * t.stride[3] +
-                                                     c * t.stride[4]);
-}
-
-inline bool direct_f32(const Tensor& t) { return t.dtype == F32 && t.stride[4] == 1; }
-
-// Copy the lines (d, h) for d in ds, h in hs of sample n (all W pixels, all C
-// channels) to dst as float32 [d][h][w][c].
-void pack_lines(float* dst, const Tensor& t, int64_t n, const std::vector<int64_t>& ds,
-                const std::vector<int64_t>& hs, int64_t W, int64_t C) {
-    const int64_t sw = t.stride[3], sc = t.stride[4];
-    for (size_t i = 0; i < ds.size(); i++) {
-        for (size_t j = 0; j < hs.size(); j++) {
-            const int64_t d = ds[i], h = hs[j];
-            float* o = dst + (i * hs.size() + j) * W * C;
-            if (sc == 1 || sw > sc) {
-                for (int64_t w = 0; w < W; w++) convert_run(o + w * C, at(t, n, d, h, w, 0),
-                                                            t.dtype, sc, C);
-            } else {
-                // channels outermost in memory (NCX): blocks of 16 channels x 64
-                // pixels, read along w, written as 16-channel runs
-                float tmp[16][64];
-                for (int64_t c0 = 0; c0 < C; c0 += 16) {
-                    const int64_t cn = std::min<int64_t>(16, C - c0);
-                    for (int64_t w0 = 0; w0 < W; w0 += 64) {
-                        const int64_t wn = std::min<int64_t>(64, W - w0);
-                        for (int64_t c = 0; c < cn; c++)
-                            convert_run(tmp[c], at(t, n, d, h, w0, c0 + c), t.dtype, sw, wn);
-                        for (int64_t k = 0; k < wn; k++) {
-                            float* row = o + (w0 + k) * C + c0;
-                            for (int64_t c = 0; c < cn; c++) row[c] = tmp[c][k];
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-inline int64_t index_of(const std::vector<int64_t>& v, int64_t x) {
-    return std::lower_bound(v.begin(), v.end(), x) - v.begin();
-}
-
-// Range of u in [0, U) with 0 <= u*step + off < L.
-inline void valid_range(int64_t U, int64_t step, int64_t off, int64_t L, int64_t& u0,
-                        int64_t& u1) {
-    // u*step + off >= 0  <=>  u >= ceil(-off / step)
-    int64_t lo = off >= 0 ? 0 : (-off + step - 1) / step;
-    // u*step + off <= L - 1  <=>  u <= floor((L - 1 - off) / step)
-    int64_t num = L - 1 - off;
-    int64_t hi = num < 0 ? 0 : num / step + 1;
-    u0 = std::max<int64_t>(0, lo);
-    u1 = std::min<int64_t>(U, hi);
-    if (u1 < u0) u1 = u0;
-}
-
 // ---------------------------------------------------------------------------------------
 // corr: the register tile
-
-// Tile shapes per ISA: R pixels x B blocks of NV vectors, R*NV*B accumulators
-// (ACC of the 16 ymm / 32 zmm registers; the rest hold weights and a broadcast).
-#if CG_VL == 16
-constexpr int ACC = 28;
-constexpr int CORR_RMAX[5] = {0, 24, 14, 9, 6};
-#else
-constexpr int ACC = 12;
-constexpr int CORR_RMAX[5] = {0, 12, 6, 4, 3};
-#endif
-constexpr int BMAX = 4;
 
 // Output blocks a tile of R pixels takes at once: narrow tiles (the pixels at an
 // image border, or a short line) still keep enough independent accumulators.
@@ -237,7 +160,8 @@ struct CorrProblem {
     int64_t r;                 // pixels per tile (<= CORR_RMAX[nv])
     int64_t ob_group;          // output blocks whose weight panels an item sweeps at once
     const int64_t* items;      // per item: phase, first line, end line (lines of the
-                               // phase numbered (n * Ud + ud) * Uh + uh)
+                               // phase numbered (n * Ud + ud) * Uh + uh), first and end
+                               // output block (of every group)
 };
 
 const char* cg_isa(void) { return CG_ISA_NAME; }
@@ -285,18 +209,6 @@ void item_line_keys(const CorrProblem* P, const int64_t* item, std::vector<int64
     keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
 }
 
-// Convert the keyed lines (all W pixels, all C channels) to dst, float32 [key][w][c].
-void pack_keyed_lines(float* dst, const Tensor& t, const std::vector<int64_t>& keys,
-                      int64_t L0, int64_t L1, int64_t W, int64_t C) {
-    std::vector<int64_t> d1(1), h1(1);
-    for (size_t i = 0; i < keys.size(); i++) {
-        const int64_t k = keys[i], n = k / (L0 * L1);
-        d1[0] = (k / L1) % L0;
-        h1[0] = k % L1;
-        pack_lines(dst + i * W * C, t, n, d1, h1, W, C);
-    }
-}
-
 // A set of output pixels sharing their valid taps, in item order.
 struct PixelClass {
     std::vector<int64_t> taps;       // tap entries of the phase
@@ -311,7 +223,7 @@ int64_t cg_corr_scratch(const CorrProblem* P, int64_t lo, int64_t hi) {
     int64_t most = 0;
     std::vector<int64_t> keys;
     for (int64_t it = lo; it < hi; it++) {
-        const int64_t* item = P->items + 3 * it;
+        const int64_t* item = P->items + 5 * it;
         int64_t need = 0;
         if (packed) {
             item_line_keys(P, item, keys);
@@ -350,7 +262,7 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
     float* optr[64];
 
     for (int64_t it = lo; it < hi; it++) {
-        const int64_t* item = P->items + 3 * it;
+        const int64_t* item = P->items + 5 * it;
         const int64_t* ph = P->phases + 8 * item[0];
         const int64_t ord = ph[0], orh = ph[1], orw = ph[2];
         const int64_t Uw = ph[5];
@@ -428,8 +340,8 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
         }
         // every output block of every group, a few blocks' weights at a time
         for (int64_t g = 0; g < G; g++) {
-            for (int64_t ob0 = 0; ob0 < nob; ob0 += bg) {
-                const int64_t ob1 = std::min(nob, ob0 + bg);
+            for (int64_t ob0 = item[3]; ob0 < std::min(nob, item[4]); ob0 += bg) {
+                const int64_t ob1 = std::min(std::min(nob, item[4]), ob0 + bg);
                 for (size_t ci = 0; ci < ncls; ci++) {
                     const PixelClass& C = classes[ci];
                     const int64_t npx = (int64_t)C.u.size();
@@ -492,20 +404,34 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                 char* dst = (char*)P->out +
                             es * (L.n * P->ostride[0] + (L.ud * os[0] + ord) * P->ostride[1] +
                                   (L.uh * os[1] + orh) * P->ostride[2] + orw * P->ostride[3]);
+                // the channels this item computed: blocks [item[3], item[4]) of each group
+                const int64_t c0 = std::min(cout_g, item[3] * NB);
+                const int64_t c1 = std::min(cout_g, item[4] * NB);
                 if (rochan == 1) {
-                    for (int64_t u = 0; u < Uw; u++)
-                        store_run(dst + es * u * ropix, P->out_dtype, 1, L.out + u * P->Cout,
-                                  P->Cout);
+                    for (int64_t g = 0; g < G; g++)
+                        for (int64_t u = 0; u < Uw; u++)
+                            store_run(dst + es * (u * ropix + g * cout_g + c0), P->out_dtype, 1,
+                                      L.out + u * P->Cout + g * cout_g + c0, c1 - c0);
                     continue;
                 }
-                // channels first: 64 pixels of one channel at a time
-                for (int64_t c = 0; c < P->Cout; c++) {
-                    for (int64_t u0 = 0; u0 < Uw; u0 += 64) {
-                        const int64_t un = std::min<int64_t>(64, Uw - u0);
-                        const float* s = L.out + u0 * P->Cout + c;
-                        for (int64_t u = 0; u < un; u++) tmp[u] = s[u * P->Cout];
-                        store_run(dst + es * (c * rochan + u0 * ropix), P->out_dtype, ropix, tmp,
-                                  un);
+                // channels first: blocks of 8 channels x 64 pixels transposed 8 x 8
+                float blk[8][64];
+                for (int64_t g = 0; g < G; g++) {
+                    for (int64_t cb = g * cout_g + c0; cb < g * cout_g + c1; cb += 8) {
+                        const int64_t cn = std::min<int64_t>(8, g * cout_g + c1 - cb);
+                        for (int64_t u0 = 0; u0 < Uw; u0 += 64) {
+                            const int64_t un = std::min<int64_t>(64, Uw - u0);
+                            const float* s = L.out + u0 * P->Cout + cb;
+                            int64_t u = 0;
+                            if (cn == 8)
+                                for (; u + 8 <= un; u += 8)
+                                    transpose8(s + u * P->Cout, P->Cout, &blk[0][u], 64);
+                            for (; u < un; u++)
+                                for (int64_t c = 0; c < cn; c++) blk[c][u] = s[u * P->Cout + c];
+                            for (int64_t c = 0; c < cn; c++)
+                                store_run(dst + es * ((cb + c) * rochan + u0 * ropix),
+                                          P->out_dtype, ropix, blk[c], un);
+                        }
                     }
                 }
             }
@@ -524,102 +450,6 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
 // accumulators in registers.  Positions that read padding are never packed.
 
 namespace {
-
-// C[i][k*NB + j] += sum_p A[p*lda + i] * B_k[p*NB + j] for MR rows i and BK blocks
-// k of B (B_k = B + k*bstride); nvalid counts the valid columns of all blocks.
-template <int MR, int NV, int BK>
-void gemm_tile(int64_t np, const float* A, int64_t lda, const float* B, int64_t bstride,
-               float* C, int64_t ldc, int nvalid) {
-    constexpr int NB = NV * VL;
-    vf acc[MR][BK][NV];
-#pragma GCC unroll 64
-    for (int i = 0; i < MR; i++)
-#pragma GCC unroll 8
-        for (int k = 0; k < BK; k++)
-#pragma GCC unroll 8
-            for (int v = 0; v < NV; v++) acc[i][k][v] = zero();
-    for (int64_t p = 0; p < np; p++) {
-        vf b[BK][NV];
-#pragma GCC unroll 8
-        for (int k = 0; k < BK; k++)
-#pragma GCC unroll 8
-            for (int v = 0; v < NV; v++) b[k][v] = load(B + k * bstride + p * NB + v * VL);
-#pragma GCC unroll 64
-        for (int i = 0; i < MR; i++) {
-            vf s = bcast(A[p * lda + i]);
-#pragma GCC unroll 8
-            for (int k = 0; k < BK; k++)
-#pragma GCC unroll 8
-                for (int v = 0; v < NV; v++) acc[i][k][v] += s * b[k][v];
-        }
-    }
-    if (nvalid == BK * NB) {
-#pragma GCC unroll 64
-        for (int i = 0; i < MR; i++)
-#pragma GCC unroll 8
-            for (int k = 0; k < BK; k++)
-#pragma GCC unroll 8
-                for (int v = 0; v < NV; v++) {
-                    float* c = C + i * ldc + k * NB + v * VL;
-                    store(c, load(c) + acc[i][k][v]);
-                }
-        return;
-    }
-    for (int i = 0; i < MR; i++)
-        for (int k = 0; k < BK; k++)
-            for (int v = 0; v < NV; v++) {
-                const int n = nvalid - k * NB - v * VL;
-                float* c = C + i * ldc + k * NB + v * VL;
-                if (n >= VL) store(c, load(c) + acc[i][k][v]);
-                else if (n > 0) store_n(c, load_n(c, n) + acc[i][k][v], n);
-            }
-}
-
-typedef void (*gemm_fn)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t,
-                        int);
-
-#if CG_VL == 16
-constexpr int WG_MR[5] = {0, 24, 14, 9, 6};
-#else
-constexpr int WG_MR[5] = {0, 12, 6, 4, 3};
-#endif
-
-// Blocks of B a tile of m rows takes at once: few rows (few input channels per
-// group) still keep enough independent accumulators.
-constexpr int gemm_blocks(int m, int nv) {
-    int b = ACC / (m * nv);
-    return b < 1 ? 1 : (b > BMAX ? BMAX : b);
-}
-
-template <int NV, int K>
-constexpr gemm_fn gemm_pick() {
-    constexpr int M = K / BMAX + 1, B = K % BMAX + 1;
-    if constexpr (B <= gemm_blocks(M, NV)) return &gemm_tile<M, NV, B>;
-    else return nullptr;
-}
-
-template <int NV, int... K>
-constexpr auto gemm_fns_impl(std::integer_sequence<int, K...>) {
-    return std::array<gemm_fn, sizeof...(K)>{gemm_pick<NV, K>()...};
-}
-
-// fns[(m - 1) * BMAX + (bk - 1)]: the tile of m <= WG_MR[nv] input channels and bk
-// blocks of output channels.
-template <int NV>
-const gemm_fn* gemm_fns() {
-    static const auto table =
-        gemm_fns_impl<NV>(std::make_integer_sequence<int, WG_MR[NV] * BMAX>{});
-    return table.data();
-}
-
-inline const gemm_fn* gemm_table(int nv) {
-    switch (nv) {
-        case 1: return gemm_fns<1>();
-        case 2: return gemm_fns<2>();
-        case 3: return gemm_fns<3>();
-        default: return gemm_fns<4>();
-    }
-}
 
 // x rows a long-line chunk's panel holds beyond the chunk's positions (taps of
 // one phase further apart get panels of their own).
@@ -658,10 +488,6 @@ struct Run {
     const float* dy;    // dy row of the first position (channel 0)
     int64_t n;          // positions
 };
-
-// First channel of tile k when n channels are cut into ``tiles`` near-equal tiles
-// (a tile of 5 beats a lone tile of 4 after ten of 6: more accumulators busy).
-inline int64_t tile_start(int64_t k, int64_t n, int64_t tiles) { return k * n / tiles; }
 
 // panel[g][blk][p][width] = rows[run p][g*per + c0(blk) + i] for i < m(blk) (0 up to
 // width), with blocks of exactly ``width`` channels, or (balanced) near-equal
@@ -757,9 +583,14 @@ void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astr
                     for (int j = 0; j < bk; j += bm) {
                         const int bj = std::min(bm, bk - j);
                         const int nv_j = (int)std::min<int64_t>(bj * NB, nvalid - j * NB);
-                        fns[(m - 1) * BMAX + (bj - 1)](
-                            np, a, lda, b + j * bstride, bstride,
-                            dwt + c0 * P->O + g * og + (ob + j) * NB, P->O, nv_j);
+                        const float* ar[64];
+                        float* cr[64];
+                        for (int i = 0; i < m; i++) {
+                            ar[i] = a + i;
+                            cr[i] = dwt + (c0 + i) * P->O + g * og + (ob + j) * NB;
+                        }
+                        fns[(m - 1) * BMAX + (bj - 1)](np, ar, lda, b + j * bstride, bstride,
+                                                       cr, nv_j);
                     }
                 }
                 k += bk;
@@ -768,6 +599,42 @@ void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astr
         obg = gend;
     }
     (void)G;
+}
+
+// Like wgrad_gemm, for explicit rows: row i reads x at arow[i] (channel offset of group
+// 0) and adds into the dw row crow[i] (column 0).  Used to fold the taps of one stride
+// phase into one tile when a group has few input channels (ResNet's conv1: 3 channels x
+// 4 taps = 12 rows instead of 4 tiles of 3).
+void wgrad_gemm_rows(const WgradProblem* P, const float* const* arow, float* const* crow,
+                     int64_t nrows, int64_t lda, const float* B, int64_t bstride, int64_t np,
+                     int64_t oblo, int64_t obhi) {
+    const int64_t G = P->groups, cg = P->C / G, og = P->O / G;
+    const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
+    const int64_t nob = (og + NB - 1) / NB, ntiles = (nrows + mr - 1) / mr;
+    const gemm_fn* fns = gemm_table(nv);
+    const float* ar[64];
+    float* cr[64];
+    for (int64_t obg = oblo; obg < obhi;) {
+        const int64_t g = obg / nob;
+        const int64_t gend = std::min(obhi, (g + 1) * nob);
+        for (int64_t k = 0; k < ntiles; k++) {
+            const int64_t r0 = tile_start(k, nrows, ntiles);
+            const int m = (int)(tile_start(k + 1, nrows, ntiles) - r0);
+            const int bmax = gemm_blocks(m, nv);
+            for (int64_t ob = obg % nob; ob < gend - g * nob;) {
+                const int bk = (int)std::min<int64_t>(bmax, gend - g * nob - ob);
+                const int nvalid = (int)std::min<int64_t>(bk * NB, og - ob * NB);
+                for (int i = 0; i < m; i++) {
+                    ar[i] = arow[r0 + i] + g * cg;
+                    cr[i] = crow[r0 + i] + g * og + ob * NB;
+                }
+                fns[(m - 1) * BMAX + (bk - 1)](np, ar, lda, B + (g * nob + ob) * bstride,
+                                               bstride, cr, nvalid);
+                ob += bk;
+            }
+        }
+        obg = gend;
+    }
 }
 
 inline void wgrad_decode(const WgradProblem* P, int64_t l, int64_t& n, int64_t& ud,
@@ -853,6 +720,8 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
     std::vector<Run> runs, full_runs;
     std::vector<GroupTap> gtaps(Kw);
     std::vector<int64_t> keys;
+    const float* frow[64];
+    float* fout[64];
 
     for (int64_t it = lo; it < hi; it++) {
         const int64_t l0 = P->items[2 * it], l1 = P->items[2 * it + 1];
@@ -930,12 +799,43 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
                                         packed_b = true;
                                     }
                                     const float* xa = xrow(n, dd, hh, vlo * sw + gr);
+                                    // few channels per group: the taps' rows share tiles
+                                    // over the positions every tap reads (the rest per tap)
+                                    int64_t ca = 0, cb = 0;
+                                    if (ng > 1 && cg < mr && ng * cg <= 64) {
+                                        ca = gtaps[0].a, cb = gtaps[0].b;
+                                        for (int j = 1; j < ng; j++) {
+                                            ca = std::max(ca, gtaps[j].a);
+                                            cb = std::min(cb, gtaps[j].b);
+                                        }
+                                    }
+                                    if (cb > ca) {
+                                        int nr = 0;
+                                        for (int j = 0; j < ng; j++) {
+                                            const GroupTap& gt = gtaps[j];
+                                            const int64_t t = (kd * P->K[1] + kh) * Kw + gt.kw;
+                                            for (int64_t c = 0; c < cg; c++, nr++) {
+                                                frow[nr] = xa + (ca + gt.q - vlo) * xstep + c;
+                                                fout[nr] = dw + (t * cg + c) * P->O;
+                                            }
+                                        }
+                                        wgrad_gemm_rows(P, frow, fout, nr, xstep,
+                                                        Bfull + (ca - w0) * NB, np * NB, cb - ca,
+                                                        oblo, obhi);
+                                    }
                                     for (int j = 0; j < ng; j++) {
                                         const GroupTap& gt = gtaps[j];
                                         const int64_t t = (kd * P->K[1] + kh) * Kw + gt.kw;
-                                        wgrad_gemm(P, xa + (gt.a + gt.q - vlo) * xstep, xstep, 0,
-                                                   Bfull + (gt.a - w0) * NB, np * NB,
-                                                   gt.b - gt.a, dw + t * cg * P->O, oblo, obhi);
+                                        const int64_t runs_[2][2] = {
+                                            {gt.a, cb > ca ? ca : gt.b},
+                                            {cb > ca ? cb : gt.b, gt.b}};
+                                        for (const auto& run : runs_) {
+                                            if (run[1] <= run[0]) continue;
+                                            wgrad_gemm(P, xa + (run[0] + gt.q - vlo) * xstep,
+                                                       xstep, 0, Bfull + (run[0] - w0) * NB,
+                                                       np * NB, run[1] - run[0],
+                                                       dw + t * cg * P->O, oblo, obhi);
+                                        }
                                     }
                                     ng = 0;
                                 }

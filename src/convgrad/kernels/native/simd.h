@@ -169,7 +169,16 @@ static inline void convert_run(float* dst, const void* src, int64_t dtype, int64
         }
     } else if (dtype == BF16) {
         const uint16_t* s = (const uint16_t*)src;
-        for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_float(s[i * sstride]);
+        int64_t i = 0;
+        if (sstride == 1) {
+            typedef uint32_t vu __attribute__((vector_size(VL * 4)));
+            typedef uint16_t vhu __attribute__((vector_size(VL * 2), aligned(2), may_alias));
+            for (; i + VL <= n; i += VL) {
+                const vu w = __builtin_convertvector(*reinterpret_cast<const vhu*>(s + i), vu);
+                store(dst + i, (vf)(w << 16));
+            }
+        }
+        for (; i < n; i++) dst[i] = bf16_to_float(s[i * sstride]);
     } else {
         const uint16_t* s = (const uint16_t*)src;
         int64_t i = 0;
@@ -183,19 +192,74 @@ static inline void convert_run(float* dst, const void* src, int64_t dtype, int64
     }
 }
 
-// Store n contiguous floats to dst (element stride dstride) in dtype.
+// dst[j * dstride + i] = src[i * sstride + j] for an 8 x 8 block of floats.
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4), may_alias));
+typedef int32_t i8 __attribute__((vector_size(32)));
+
+static inline void transpose8(const float* src, int64_t sstride, float* dst, int64_t dstride) {
+    v8 r[8], t[8], u[8];
+    for (int i = 0; i < 8; i++) r[i] = *reinterpret_cast<const v8u*>(src + i * sstride);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = __builtin_shuffle(r[i], r[i + 1], i8{0, 8, 1, 9, 4, 12, 5, 13});
+        t[i + 1] = __builtin_shuffle(r[i], r[i + 1], i8{2, 10, 3, 11, 6, 14, 7, 15});
+    }
+    for (int i = 0; i < 8; i += 4) {
+        for (int k = 0; k < 2; k++) {
+            u[i + k] = __builtin_shuffle(t[i + k], t[i + k + 2], i8{0, 1, 8, 9, 4, 5, 12, 13});
+            u[i + k + 2] = __builtin_shuffle(t[i + k], t[i + k + 2], i8{2, 3, 10, 11, 6, 7, 14, 15});
+        }
+    }
+    // u[0]: rows 0-3 of columns 0 | 4, u[2]: columns 1 | 5, u[1]: 2 | 6, u[3]: 3 | 7
+    static const int order[4] = {0, 2, 1, 3};
+    for (int k = 0; k < 4; k++) {
+        const v8 lo = __builtin_shuffle(u[order[k]], u[4 + order[k]], i8{0, 1, 2, 3, 8, 9, 10, 11});
+        const v8 hi = __builtin_shuffle(u[order[k]], u[4 + order[k]], i8{4, 5, 6, 7, 12, 13, 14, 15});
+        *reinterpret_cast<v8u*>(dst + k * dstride) = lo;
+        *reinterpret_cast<v8u*>(dst + (k + 4) * dstride) = hi;
+    }
+}
+
+// Store n contiguous floats to dst (element stride dstride) in dtype.  Whole vectors
+// of a contiguous run convert with vector instructions (F16C's round-to-nearest-even
+// conversion; the bfloat16 rounding on integer vectors), the rest with the scalar
+// functions above: the same values either way.
 static inline void store_run(void* dst, int64_t dtype, int64_t dstride, const float* src,
                              int64_t n) {
+    int64_t i = 0;
     if (dtype == F32) {
         float* d = (float*)dst;
-        for (int64_t i = 0; i < n; i++) d[i * dstride] = src[i];
-    } else if (dtype == F16) {
-        uint16_t* d = (uint16_t*)dst;
-        for (int64_t i = 0; i < n; i++) d[i * dstride] = float_to_half(src[i]);
-    } else {
-        uint16_t* d = (uint16_t*)dst;
-        for (int64_t i = 0; i < n; i++) d[i * dstride] = float_to_bf16(src[i]);
+        if (dstride == 1) {
+            std::memcpy(d, src, n * sizeof(float));
+            return;
+        }
+        for (; i < n; i++) d[i * dstride] = src[i];
+        return;
     }
+    uint16_t* d = (uint16_t*)dst;
+    if (dtype == F16) {
+#if defined(CG_ISA_AVX512) || defined(CG_ISA_AVX2)
+        if (dstride == 1)
+            for (; i + 8 <= n; i += 8)
+                _mm_storeu_si128((__m128i*)(d + i),
+                                 _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+        for (; i < n; i++) d[i * dstride] = float_to_half(src[i]);
+        return;
+    }
+    if (dstride == 1) {
+        typedef uint32_t vu __attribute__((vector_size(VL * 4)));
+        typedef uint16_t vh __attribute__((vector_size(VL * 2)));
+        typedef uint16_t vhu __attribute__((vector_size(VL * 2), aligned(2), may_alias));
+        for (; i + VL <= n; i += VL) {
+            const vu b = (vu)load(src + i);
+            const vu rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+            const vu quiet = (b >> 16) | 0x0040u;
+            const vu r = ((b & 0x7FFFFFFFu) > 0x7F800000u) ? quiet : rounded;
+            *reinterpret_cast<vhu*>(d + i) = __builtin_convertvector(r, vh);
+        }
+    }
+    for (; i < n; i++) d[i * dstride] = float_to_bf16(src[i]);
 }
 
 }  // namespace cg

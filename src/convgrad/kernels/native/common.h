@@ -1,0 +1,101 @@
+// What every kernel of the engine shares: strided tensors, line conversion, ranges.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "simd.h"
+
+namespace cg {
+
+// A strided view in the kernel's axis order: n, d, h, w, c (elements).
+struct Tensor {
+    const void* ptr;
+    int64_t dtype;
+    int64_t stride[5];
+};
+
+inline int64_t itemsize(int64_t dtype) { return dtype == F32 ? 4 : 2; }
+
+inline const char* at(const Tensor& t, int64_t n, int64_t d, int64_t h, int64_t w,
+                      int64_t c) {
+    return (const char*)t.ptr + itemsize(t.dtype) * (n * t.stride[0] + d * t.stride[1] +
+                                                     h * t.stride[2] + w * t.stride[3] +
+                                                     c * t.stride[4]);
+}
+
+inline bool direct_f32(const Tensor& t) { return t.dtype == F32 && t.stride[4] == 1; }
+
+// Copy the lines (d, h) for d in ds, h in hs of sample n (all W pixels, all C
+// channels) to dst as float32 [d][h][w][c].
+inline void pack_lines(float* dst, const Tensor& t, int64_t n, const std::vector<int64_t>& ds,
+                const std::vector<int64_t>& hs, int64_t W, int64_t C) {
+    const int64_t sw = t.stride[3], sc = t.stride[4];
+    for (size_t i = 0; i < ds.size(); i++) {
+        for (size_t j = 0; j < hs.size(); j++) {
+            const int64_t d = ds[i], h = hs[j];
+            float* o = dst + (i * hs.size() + j) * W * C;
+            if (sc == 1 || sw > sc) {
+                for (int64_t w = 0; w < W; w++) convert_run(o + w * C, at(t, n, d, h, w, 0),
+                                                            t.dtype, sc, C);
+            } else {
+                // channels outermost in memory (NCX): blocks of 8 channels x 64 pixels,
+                // read along w (converted), transposed 8 x 8 into channels-last rows
+                float tmp[8][64];
+                for (int64_t c0 = 0; c0 < C; c0 += 8) {
+                    const int64_t cn = std::min<int64_t>(8, C - c0);
+                    for (int64_t w0 = 0; w0 < W; w0 += 64) {
+                        const int64_t wn = std::min<int64_t>(64, W - w0);
+                        for (int64_t c = 0; c < cn; c++)
+                            convert_run(tmp[c], at(t, n, d, h, w0, c0 + c), t.dtype, sw, wn);
+                        int64_t k = 0;
+                        if (cn == 8)
+                            for (; k + 8 <= wn; k += 8)
+                                transpose8(&tmp[0][k], 64, o + (w0 + k) * C + c0, C);
+                        for (; k < wn; k++) {
+                            float* row = o + (w0 + k) * C + c0;
+                            for (int64_t c = 0; c < cn; c++) row[c] = tmp[c][k];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+inline int64_t index_of(const std::vector<int64_t>& v, int64_t x) {
+    return std::lower_bound(v.begin(), v.end(), x) - v.begin();
+}
+
+// Range of u in [0, U) with 0 <= u*step + off < L.
+inline void valid_range(int64_t U, int64_t step, int64_t off, int64_t L, int64_t& u0,
+                        int64_t& u1) {
+    // u*step + off >= 0  <=>  u >= ceil(-off / step)
+    int64_t lo = off >= 0 ? 0 : (-off + step - 1) / step;
+    // u*step + off <= L - 1  <=>  u <= floor((L - 1 - off) / step)
+    int64_t num = L - 1 - off;
+    int64_t hi = num < 0 ? 0 : num / step + 1;
+    u0 = std::max<int64_t>(0, lo);
+    u1 = std::min<int64_t>(U, hi);
+    if (u1 < u0) u1 = u0;
+}
+
+// Convert the keyed lines (all W pixels, all C channels) to dst, float32 [key][w][c].
+inline void pack_keyed_lines(float* dst, const Tensor& t, const std::vector<int64_t>& keys,
+                      int64_t L0, int64_t L1, int64_t W, int64_t C) {
+    std::vector<int64_t> d1(1), h1(1);
+    for (size_t i = 0; i < keys.size(); i++) {
+        const int64_t k = keys[i], n = k / (L0 * L1);
+        d1[0] = (k / L1) % L0;
+        h1[0] = k % L1;
+        pack_lines(dst + i * W * C, t, n, d1, h1, W, C);
+    }
+}
+
+// First channel of tile k when n channels are cut into ``tiles`` near-equal tiles
+// (a tile of 5 beats a lone tile of 4 after ten of 6: more accumulators busy).
+inline int64_t tile_start(int64_t k, int64_t n, int64_t tiles) { return k * n / tiles; }
+
+}  // namespace cg

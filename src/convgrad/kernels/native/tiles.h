@@ -1,0 +1,128 @@
+// The register tiles' shapes, and the GEMM tile the weight gradient (and any
+// kernel that multiplies packed panels) runs on.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <utility>
+
+#include "simd.h"
+
+namespace cg {
+namespace {
+
+// Tile shapes per ISA: R pixels x B blocks of NV vectors, R*NV*B accumulators
+// (ACC of the 16 ymm / 32 zmm registers; the rest hold weights and a broadcast).
+#if CG_VL == 16
+constexpr int ACC = 28;
+constexpr int CORR_RMAX[5] = {0, 24, 14, 9, 6};
+#else
+constexpr int ACC = 12;
+constexpr int CORR_RMAX[5] = {0, 12, 6, 4, 3};
+#endif
+constexpr int BMAX = 4;
+
+// C_i[k*NB + j] += sum_p A_i[p*lda] * B_k[p*NB + j] for MR rows i and BK blocks k
+// of B (B_k = B + k*bstride); nvalid counts the valid columns of all blocks.  Row i
+// reads A_i = a[i] (one input channel of one tap: rows of a tile may come from
+// different taps) and adds into C_i = c[i].
+template <int MR, int NV, int BK>
+void gemm_tile(int64_t np, const float* const* a, int64_t lda, const float* B, int64_t bstride,
+               float* const* c, int nvalid) {
+    constexpr int NB = NV * VL;
+    vf acc[MR][BK][NV];
+    const float* A[MR];
+#pragma GCC unroll 64
+    for (int i = 0; i < MR; i++) {
+        A[i] = a[i];
+#pragma GCC unroll 8
+        for (int k = 0; k < BK; k++)
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++) acc[i][k][v] = zero();
+    }
+    for (int64_t p = 0; p < np; p++) {
+        vf b[BK][NV];
+#pragma GCC unroll 8
+        for (int k = 0; k < BK; k++)
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++) b[k][v] = load(B + k * bstride + p * NB + v * VL);
+        const int64_t ap = p * lda;
+#pragma GCC unroll 64
+        for (int i = 0; i < MR; i++) {
+            vf s = bcast(A[i][ap]);
+#pragma GCC unroll 8
+            for (int k = 0; k < BK; k++)
+#pragma GCC unroll 8
+                for (int v = 0; v < NV; v++) acc[i][k][v] += s * b[k][v];
+        }
+    }
+    if (nvalid == BK * NB) {
+#pragma GCC unroll 64
+        for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+            for (int k = 0; k < BK; k++)
+#pragma GCC unroll 8
+                for (int v = 0; v < NV; v++) {
+                    float* d = c[i] + k * NB + v * VL;
+                    store(d, load(d) + acc[i][k][v]);
+                }
+        return;
+    }
+    for (int i = 0; i < MR; i++)
+        for (int k = 0; k < BK; k++)
+            for (int v = 0; v < NV; v++) {
+                const int n = nvalid - k * NB - v * VL;
+                float* d = c[i] + k * NB + v * VL;
+                if (n >= VL) store(d, load(d) + acc[i][k][v]);
+                else if (n > 0) store_n(d, load_n(d, n) + acc[i][k][v], n);
+            }
+}
+
+typedef void (*gemm_fn)(int64_t, const float* const*, int64_t, const float*, int64_t,
+                        float* const*, int);
+
+#if CG_VL == 16
+constexpr int WG_MR[5] = {0, 24, 14, 9, 6};
+#else
+constexpr int WG_MR[5] = {0, 12, 6, 4, 3};
+#endif
+
+// Blocks of B a tile of m rows takes at once: few rows (few input channels per
+// group) still keep enough independent accumulators.
+constexpr int gemm_blocks(int m, int nv) {
+    int b = ACC / (m * nv);
+    return b < 1 ? 1 : (b > BMAX ? BMAX : b);
+}
+
+template <int NV, int K>
+constexpr gemm_fn gemm_pick() {
+    constexpr int M = K / BMAX + 1, B = K % BMAX + 1;
+    if constexpr (B <= gemm_blocks(M, NV)) return &gemm_tile<M, NV, B>;
+    else return nullptr;
+}
+
+template <int NV, int... K>
+constexpr auto gemm_fns_impl(std::integer_sequence<int, K...>) {
+    return std::array<gemm_fn, sizeof...(K)>{gemm_pick<NV, K>()...};
+}
+
+// fns[(m - 1) * BMAX + (bk - 1)]: the tile of m <= WG_MR[nv] input channels and bk
+// blocks of output channels.
+template <int NV>
+const gemm_fn* gemm_fns() {
+    static const auto table =
+        gemm_fns_impl<NV>(std::make_integer_sequence<int, WG_MR[NV] * BMAX>{});
+    return table.data();
+}
+
+inline const gemm_fn* gemm_table(int nv) {
+    switch (nv) {
+        case 1: return gemm_fns<1>();
+        case 2: return gemm_fns<2>();
+        case 3: return gemm_fns<3>();
+        default: return gemm_fns<4>();
+    }
+}
+
+}  // namespace
+}  // namespace cg
