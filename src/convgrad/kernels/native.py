@@ -606,48 +606,61 @@ def _corr(eng: Engine, plan: CorrPlan, inp: np.ndarray, out: np.ndarray, weights
 def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry, out_dtype=None) -> np.ndarray:
     """Forward convolution: x (N, *L, C), w (*K, C/G, O) -> y (N, *M, O), float32 or
     ``out_dtype`` (float16/bfloat16: rounded once, as the result is stored)."""
-    eng = engine()
-    G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
     y = _alloc_like(x, geom.n, geom.out_sizes, geom.o, out_dtype or np.float32)
-    if y.size == 0:
-        return y
-    if x.size == 0 or w.size == 0:
-        y[...] = 0
-        return y
-    threads = _threads(geom.flops)
-    geom, (xf, yf) = _pointwise(geom, x, y)
-    plan = corr_plan(geom, "fwd", eng.vl, eng.rmax_of, threads, _is_packed(xf),
-                     _is_packed(yf), _budgets(threads))
-    w3 = _weights_2d(w)
-    es = w3.itemsize
-    weights = _weights(eng, w3, cg, og, w3.strides[1] // es, w3.strides[2] // es,
-                       og * (w3.strides[2] // es), G, plan.nv, threads)
-    _corr(eng, plan, xf, yf, weights, threads)
-    return y
+    return _corr_into("fwd", x, w, y, geom)
 
 
 def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> np.ndarray:
     """Data gradient: w (*K, C/G, O), dy (N, *M, O) -> dx (N, *L, C), float32 or
     ``out_dtype``, one stride phase at a time (see :func:`_corr_taps`)."""
+    dx = _alloc_like(dy, geom.n, geom.in_sizes, geom.c, out_dtype or np.float32)
+    return _corr_into("dgrad", dy, w, dx, geom)
+
+
+def recompute_lines(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
+                    geom: ConvGeometry, lines: np.ndarray) -> None:
+    """Compute the output lines ``lines`` (numbered ``(n * M0 + m0) * M1 + m1`` over
+    the result's leading axes) of a stride-1 forward (``inp`` = x) or data gradient
+    (``inp`` = dy) into ``out``, leaving the other lines as they are: how a kernel
+    that mixes its operands (Winograd) hands the lines where a NaN or Inf came out
+    to the exact kernel (docs/decisions.md D17)."""
+    assert all(s == 1 for s in geom.strides), "stride-1 problems only"
+    _corr_into(kind, inp, w, out, geom, lines=np.asarray(lines, np.int64))
+
+
+def _corr_into(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray, geom: ConvGeometry,
+               lines: np.ndarray | None = None) -> np.ndarray:
+    """The forward convolution (``kind="fwd"``: inp = x) or data gradient (inp = dy)
+    into ``out``: every line, or only ``lines`` (stride 1)."""
     eng = engine()
     G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
-    dx = _alloc_like(dy, geom.n, geom.in_sizes, geom.c, out_dtype or np.float32)
-    if dx.size == 0:
-        return dx
-    if dy.size == 0 or w.size == 0:
-        dx[...] = 0
-        return dx
+    if out.size == 0:
+        return out
+    if inp.size == 0 or w.size == 0:
+        out[...] = 0
+        return out
     threads = _threads(geom.flops)
-    geom, (dyf, dxf) = _pointwise(geom, dy, dx)
-    plan = corr_plan(geom, "dgrad", eng.vl, eng.rmax_of, threads, _is_packed(dyf),
-                     _is_packed(dxf), _budgets(threads))
+    if lines is None:
+        geom, (inp_f, out_f) = _pointwise(geom, inp, out)
+    else:
+        inp_f, out_f = inp, out
+    plan = corr_plan(geom, kind, eng.vl, eng.rmax_of, threads, _is_packed(inp_f),
+                     _is_packed(out_f), _budgets(threads))
+    if lines is not None:
+        # runs of consecutive lines, every output block (one phase at stride 1)
+        nob = int(plan.items[:, 4].max()) if len(plan.items) else 0
+        cut = np.flatnonzero(np.diff(lines) != 1) + 1
+        runs = [(0, int(r[0]), int(r[-1]) + 1, 0, nob) for r in np.split(lines, cut) if len(r)]
+        plan = dataclasses.replace(plan, items=_i64(runs).reshape(-1, 5))
     w3 = _weights_2d(w)
     es = w3.itemsize
-    # panel rows: dy channels o of the group; columns: dx channels c of the group
-    weights = _weights(eng, w3, og, cg, w3.strides[2] // es, w3.strides[1] // es,
-                       og * (w3.strides[2] // es), G, plan.nv, threads)
-    _corr(eng, plan, dyf, dxf, weights, threads)
-    return dx
+    rows, cols = (cg, og) if kind == "fwd" else (og, cg)
+    srow, scol = (w3.strides[1] // es, w3.strides[2] // es)[::1 if kind == "fwd" else -1]
+    # panel rows: the correlation's input channels of a group; columns: its outputs
+    weights = _weights(eng, w3, rows, cols, srow, scol, og * (w3.strides[2] // es), G,
+                       plan.nv, threads)
+    _corr(eng, plan, inp_f, out_f, weights, threads)
+    return out
 
 
 @dataclass(frozen=True)

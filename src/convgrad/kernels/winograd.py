@@ -1,0 +1,347 @@
+"""Winograd convolution for 3-tap stride-1 layers, on the native engine's builds.
+
+``native/winograd.cpp`` computes a stride-1 correlation whose last one (1-D) or two
+(2-D, 3-D) spatial axes have 3 taps (any dilation, any padding) with Winograd's
+minimal filtering F(m, 3) per axis, m = 4 (6 transform points per axis) or m = 2
+(4 points): 36 (or 16) products per 4x4 (2x2) output tile instead of 144 (36).  A
+3-D problem's depth taps (any number, dilation 1) are extra terms of the products'
+reduction, so its multiplications are those of the 2-D transform: F(1x4x4, Kx3x3).
+The forward convolution is that correlation (x, w); the data gradient is the
+correlation of dy with the flipped taps, channels swapped (stride 1 only).  The
+weight gradient (a correlation of x with dy) uses the transposed algorithm
+``dw = G^T [(B^T x B) . (A dy A^T)] G`` summed over tiles.
+
+Dilated layers need no split: along an axis of dilation d, a tile's outputs are d
+apart (the interleaved sub-grid's tiles), and so are the inputs it reads.
+
+Accuracy: the transforms' rounding makes results less accurate than direct
+convolution's (docs/kernels.md has the measured errors, docs/decisions.md D24 the
+bound the chooser keeps).  NaN and Inf: the transforms mix a tile's inputs (and a
+filter's taps), so a NaN or Inf would reach outputs it is not connected to, or turn
+into NaN.  Every output line where a non-finite value came out is therefore computed
+again by the direct engine (``native.recompute_lines``), and a non-finite weight
+gradient entirely, which gives exactly the direct kernels' NaN/Inf semantics (D17).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import settings
+from ..geometry import ConvGeometry
+from . import _pool, native
+from ._blas import scratch
+
+_I64 = ctypes.c_int64
+_VP = ctypes.c_void_p
+
+# Per-thread transformed input of a work item (regime "tiles"): about this much.
+ITEM_V_BYTES = 192 * 2**10
+# Tiles per item at most.
+ITEM_TILES = 96
+# Transformed weights computed once and shared (regime "tiles") up to this size;
+# larger ones are transformed block by block by the items that use them (regime
+# "weights", where the transformed input is shared instead).
+SHARED_U_BYTES = 8 * 2**20
+# The shared transformed input of regime "weights", at most (more tiles: several
+# groups of tiles, the weights transformed once per group).
+SHARED_V_BYTES = 8 * 2**20
+# Output planes (3-D) an item of regime "tiles" covers: its input planes are transformed
+# once for all of them (the depth taps' reach is transformed again by the next item).
+ITEM_PLANES = 4
+
+
+class _Wino(ctypes.Structure):
+    _fields_ = [("inp", native._Tensor), ("out", _VP), ("ostride", _I64 * 5),
+                ("out_dtype", _I64),
+                ("N", _I64), ("Lin", _I64 * 3), ("Lout", _I64 * 3), ("Cin", _I64),
+                ("Cout", _I64), ("groups", _I64), ("axes", _I64), ("m", _I64),
+                ("dil", _I64 * 3), ("off", _I64 * 3), ("kd", _I64),
+                ("tiles_h", _VP), ("nth", _I64), ("tiles_w", _VP), ("ntw", _I64),
+                ("U", _VP), ("w", _VP), ("wdtype", _I64), ("wst", _I64), ("wsa", _I64),
+                ("wsb", _I64), ("wgs", _I64), ("wflip", _I64), ("cpad", _I64), ("nv", _I64),
+                ("V", _VP), ("vs0", _I64), ("vs1", _I64), ("vd0", _I64), ("vd1", _I64),
+                ("items", _VP), ("bad", _VP)]
+
+
+def _lib(eng: native.Engine):
+    """The engine's library with the Winograd entry points declared (once)."""
+    lib = eng.lib
+    if not getattr(lib, "_wino_bound", False):
+        i64, vp = ctypes.c_int64, ctypes.c_void_p
+        for name, res, args in (("cg_wino_points", i64, [i64, i64]),
+                                ("cg_wino_mr", i64, [i64]),
+                                ("cg_wino_scratch", i64, [vp, i64, i64]),
+                                ("cg_wino_run", None, [vp, i64, i64, vp]),
+                                ("cg_wino_input_scratch", i64, [vp, i64, i64]),
+                                ("cg_wino_input", None, [vp, i64, i64, vp, vp]),
+                                ("cg_wino_weights", None, [vp, i64, i64, vp])):
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        lib._wino_bound = True
+    return lib
+
+
+# -- which problems -------------------------------------------------------------------------
+
+def axes(geom: ConvGeometry) -> int | None:
+    """The Winograd axes of a problem (1: w; 2: h and w), None if it has none: stride 1,
+    3 taps along the last one (1-D) or two (2-D, 3-D) axes, depth dilation 1 (3-D)."""
+    r = geom.spatial_rank
+    if r not in (1, 2, 3) or any(s != 1 for s in geom.strides):
+        return None
+    if r == 1:
+        return 1 if geom.kernel == (3,) else None
+    if tuple(geom.kernel[-2:]) != (3, 3):
+        return None
+    if r == 3 and geom.dilations[0] != 1:
+        return None
+    return 2
+
+
+def supports(geom: ConvGeometry, dtype) -> str | None:
+    why = native.available()
+    if why is not None:
+        return f"native engine unavailable: {why}"
+    if np.dtype(dtype) != np.float32:
+        return f"computes in float32 only, not {np.dtype(dtype)}"
+    if any(s != 1 for s in geom.strides):
+        return "stride 1 only"
+    if axes(geom) is None:
+        return ("3 taps along the last axis (1-D) or the last two (2-D; 3-D with depth "
+                "dilation 1) only")
+    return None
+
+
+def _tiles(size: int, dil: int, m: int) -> np.ndarray:
+    """Tiles of m outputs d apart along an axis of ``size`` outputs: per tile, its first
+    output and how many of its m outputs exist (the sub-grid r, r + d, ... of each
+    residue r, cut into runs of m)."""
+    out = []
+    for r in range(min(dil, size)):
+        count = len(range(r, size, dil))
+        out += [(r + dil * m * b, min(m, count - m * b)) for b in range(-(-count // m))]
+    return np.asarray(out, np.int64).reshape(-1, 2)
+
+
+def products(geom: ConvGeometry, m: int, out_sizes=None) -> int:
+    """Multiplications per (input, output) channel pair over the output: tiles times
+    transform points (the direct kernels: outputs times taps)."""
+    ax = axes(geom)
+    sizes = tuple(out_sizes or geom.out_sizes)
+    dil = geom.dilations
+    per_axis = [len(_tiles(s, d, m)) for s, d in zip(sizes[-ax:], dil[-ax:])]
+    lead = math.prod(sizes[:-ax]) * math.prod(geom.kernel[:-ax])
+    return geom.n * lead * math.prod(per_axis) * (m + 2) ** ax
+
+
+def tile_size(geom: ConvGeometry, op: str) -> int:
+    """F(4, 3) unless its tiles waste so much that F(2, 3) multiplies less (small
+    images): the output (fwd) or input (dgrad, wgrad: the x side) sizes decide."""
+    sizes = geom.in_sizes if op == "dgrad" else geom.out_sizes
+    return 4 if products(geom, 4, sizes) <= products(geom, 2, sizes) else 2
+
+
+# -- forward and data gradient: plans -------------------------------------------------------
+
+@dataclass(frozen=True)
+class CorrPlan:
+    """A Winograd correlation: everything that depends on the geometry only."""
+    axes: int
+    m: int
+    lin: tuple            # input spatial sizes (3-D)
+    lout: tuple
+    cin: int
+    cout: int
+    groups: int
+    dil: tuple
+    off: tuple
+    kd: int
+    flip: bool
+    tiles_h: np.ndarray
+    tiles_w: np.ndarray
+    nv: int
+    cpad: int
+    regime: str           # "tiles": weights transformed once, items = blocks of tiles;
+                          # "weights": input transformed once per group of tiles, items =
+                          # output blocks transforming their own weights
+    groups_of_tiles: tuple    # regime "weights": (s0, s1, d0, d1) per group
+    items: np.ndarray     # per item: s0, s1, d0, d1, k0, k1
+    u_floats: int         # regime "tiles": the transformed weights
+    v_floats: tuple       # regime "weights": per group, its transformed input
+
+
+def _corr_geometry(geom: ConvGeometry, kind: str):
+    """(lin, lout, cin, cout, dil, off) of the correlation, 3-D padded; dgrad: dy with the
+    flipped taps, ``off = pb - (K-1)*d``."""
+    pad3 = native._pad3
+    k3, d3, p3 = pad3(geom.kernel, 1), pad3(geom.dilations, 1), pad3(geom.pads_begin, 0)
+    if kind == "fwd":
+        return (pad3(geom.in_sizes, 1), pad3(geom.out_sizes, 1), geom.c, geom.o, d3,
+                tuple(-p for p in p3))
+    return (pad3(geom.out_sizes, 1), pad3(geom.in_sizes, 1), geom.o, geom.c, d3,
+            tuple(p - (k - 1) * d for p, k, d in zip(p3, k3, d3)))
+
+
+@functools.lru_cache(maxsize=256)
+def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
+              budgets: tuple) -> CorrPlan:
+    """The work decomposition of a Winograd forward / data gradient (pure, cached)."""
+    item_v_bytes, item_tiles, shared_u, shared_v, item_planes = budgets
+    ax = axes(geom)
+    lin, lout, cin, cout, dil, off = _corr_geometry(geom, kind)
+    G = geom.groups
+    kd = geom.kernel[0] if geom.spatial_rank == 3 else 1
+    na = (m + 2) ** ax
+    nv = native._nv_for(cout // G, vl)
+    nb, mr = nv * vl, mr_of[nv - 1]
+    cpad = -(-(cin // G) // vl) * vl
+    nob = -(-(cout // G) // nb)
+    th = _tiles(lout[1], dil[1], m) if ax == 2 else np.asarray([[0, 1]], np.int64)
+    tw = _tiles(lout[2], dil[2], m)
+    per_plane = geom.n * len(th) * len(tw)
+    u_floats = G * nob * na * kd * cpad * nb
+    depth = lout[0]
+    items, groups_of_tiles, v_floats = [], [], []
+    if u_floats * 4 <= shared_u:
+        regime = "tiles"
+        planes = min(depth, item_planes)
+        rowlen = (planes + kd - 1) * G * cpad
+        t = max(mr, min(item_tiles, item_v_bytes // (4 * na * rowlen)) // mr * mr)
+        for d0 in range(0, depth, planes):
+            for s0 in range(0, per_plane, t):
+                items.append((s0, min(per_plane, s0 + t), d0, min(depth, d0 + planes), 0, G * nob))
+    else:
+        regime = "weights"
+        # groups of tiles whose transformed input fits: whole planes of tiles first
+        rowlen1 = kd * G * cpad
+        tiles_fit = max(mr, shared_v // (4 * na * rowlen1))
+        if tiles_fit >= per_plane:
+            planes = max(1, min(depth, (shared_v // (4 * na * per_plane * G * cpad)) - kd + 1))
+            spans = [(0, per_plane, d0, min(depth, d0 + planes)) for d0 in range(0, depth, planes)]
+        else:
+            spans = [(s0, min(per_plane, s0 + tiles_fit), d0, d0 + 1)
+                     for d0 in range(depth) for s0 in range(0, per_plane, tiles_fit)]
+        for s0, s1, d0, d1 in spans:
+            groups_of_tiles.append((s0, s1, d0, d1))
+            v_floats.append(na * _spread((s1 - s0) * (d1 - d0 + kd - 1) * G * cpad))
+            items += [(s0, s1, d0, d1, k, k + 1) for k in range(G * nob)]
+    items = native._i64(items).reshape(-1, 6)
+    plan = CorrPlan(ax, m, lin, lout, cin, cout, G, dil, off, kd, kind == "dgrad",
+                    th.reshape(-1).copy(), tw.reshape(-1).copy(), nv, cpad, regime,
+                    tuple(groups_of_tiles), items, u_floats, tuple(v_floats))
+    for a in (plan.tiles_h, plan.tiles_w, plan.items):
+        a.setflags(write=False)
+    return plan
+
+
+def _spread(floats: int) -> int:
+    """engine: spread()"""
+    return ((-(-floats // 16)) | 1) * 16
+
+
+def _budgets() -> tuple:
+    w = settings.workspace_bytes()
+    return (ITEM_V_BYTES, ITEM_TILES, min(SHARED_U_BYTES, w // 4), min(SHARED_V_BYTES, w // 4),
+            ITEM_PLANES)
+
+
+def _problem(plan: CorrPlan, inp: np.ndarray, w: np.ndarray, out: np.ndarray, U, bad):
+    """The C problem (and the arrays it points into, kept alive by the caller)."""
+    w3 = native._weights_2d(w)
+    es = w3.itemsize
+    sc, so = w3.strides[1] // es, w3.strides[2] // es
+    G = plan.groups
+    og = (plan.cin if plan.flip else plan.cout) // G
+    # rows: the correlation's input channels of a group; columns: its outputs
+    wsa, wsb = (so, sc) if plan.flip else (sc, so)
+    ostr = [s // out.itemsize for s in out.strides]
+    r = out.ndim - 2
+    ostr5 = [ostr[0]] + [0] * (3 - r) + ostr[1:]
+    return _Wino(native._tensor(inp), out.ctypes.data, (_I64 * 5)(*ostr5),
+                 native.DTYPE_CODES[out.dtype], out.shape[0], (_I64 * 3)(*plan.lin),
+                 (_I64 * 3)(*plan.lout), plan.cin, plan.cout, G, plan.axes, plan.m,
+                 (_I64 * 3)(*plan.dil), (_I64 * 3)(*plan.off), plan.kd,
+                 plan.tiles_h.ctypes.data, len(plan.tiles_h) // 2, plan.tiles_w.ctypes.data,
+                 len(plan.tiles_w) // 2, U.ctypes.data if U is not None else None,
+                 w3.ctypes.data, native.DTYPE_CODES[w3.dtype], w3.strides[0] // es, wsa, wsb,
+                 og * so, int(plan.flip), plan.cpad, plan.nv, None, 0, 0, 0, 0,
+                 plan.items.ctypes.data, bad.ctypes.data)
+
+
+def _run_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
+              geom: ConvGeometry) -> np.ndarray:
+    eng = native.engine()
+    lib = _lib(eng)
+    if out.size == 0:
+        return out
+    if inp.size == 0 or w.size == 0:
+        out[...] = 0
+        return out
+    threads = native._threads(geom.flops)
+    m = tile_size(geom, kind)
+    plan = corr_plan(geom, kind, eng.vl, eng.mr_of_wino if hasattr(eng, "mr_of_wino") else
+                     _mr_of(eng), m, _budgets())
+    lines = out.shape[0] * math.prod(plan.lout[:2])
+    bad = scratch("winograd-bad", (lines,), np.uint8, zero=True)
+    nblk = len(plan.items) and int(plan.items[0, 5] if plan.regime == "tiles" else
+                                   plan.items[:, 5].max())
+    U = None
+    if plan.regime == "tiles":
+        U = scratch("winograd-U", (plan.u_floats,), np.float32, zero=False)
+    prob = _problem(plan, inp, w, out, U, bad)
+    pp = ctypes.addressof(prob)
+    if U is not None:
+        ub = plan.u_floats // max(1, nblk)
+
+        def weights(lo, hi):
+            lib.cg_wino_weights(pp, lo, hi, U[lo * ub:].ctypes.data)
+        _pool.run_ranges(weights, nblk, threads if U.nbytes > 2**20 else 1, per_thread=1)
+
+    def run(lo, hi):
+        need = int(lib.cg_wino_scratch(pp, lo, hi))
+        buf = scratch("native-pack", (need,), np.float32, zero=False)
+        lib.cg_wino_run(pp, lo, hi, buf.ctypes.data)
+
+    if plan.regime == "tiles":
+        _pool.run_ranges(run, len(plan.items), threads)
+    else:
+        per_group = len(plan.items) // len(plan.groups_of_tiles)
+        for gi, ((s0, s1, d0, d1), vf) in enumerate(zip(plan.groups_of_tiles, plan.v_floats)):
+            V = scratch("winograd-V", (vf,), np.float32, zero=False)
+            prob.V, prob.vs0, prob.vs1, prob.vd0, prob.vd1 = V.ctypes.data, s0, s1, d0, d1
+
+            def transform(lo, hi, s0=s0, V=V):
+                need = int(lib.cg_wino_input_scratch(pp, s0 + lo, s0 + hi))
+                buf = scratch("native-pack", (need,), np.float32, zero=False)
+                lib.cg_wino_input(pp, s0 + lo, s0 + hi, V.ctypes.data, buf.ctypes.data)
+            _pool.run_ranges(transform, s1 - s0, threads)
+            first = gi * per_group
+            _pool.run_ranges(lambda lo, hi: run(first + lo, first + hi), per_group, threads)
+    if bad.any():
+        native.recompute_lines(kind, inp, w, out, geom, np.flatnonzero(bad))
+    del prob
+    return out
+
+
+def _mr_of(eng) -> tuple:
+    lib = _lib(eng)
+    eng.mr_of_wino = tuple(int(lib.cg_wino_mr(nv)) for nv in (1, 2, 3, 4))
+    return eng.mr_of_wino
+
+
+def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry, out_dtype=None) -> np.ndarray:
+    """Forward convolution: x (N, *L, C), w (*K, C/G, O) -> y (N, *M, O)."""
+    y = native._alloc_like(x, geom.n, geom.out_sizes, geom.o, out_dtype or np.float32)
+    return _run_corr("fwd", x, w, y, geom)
+
+
+def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> np.ndarray:
+    """Data gradient: w (*K, C/G, O), dy (N, *M, O) -> dx (N, *L, C)."""
+    dx = native._alloc_like(dy, geom.n, geom.in_sizes, geom.c, out_dtype or np.float32)
+    return _run_corr("dgrad", dy, w, dx, geom)
