@@ -56,17 +56,32 @@ SHARED_V_BYTES = 8 * 2**20
 ITEM_PLANES = 4
 
 
+class _TileGeom(ctypes.Structure):
+    _fields_ = [("axes", _I64), ("m", _I64), ("dil", _I64 * 3), ("off", _I64 * 3),
+                ("kd", _I64), ("tiles_h", _VP), ("nth", _I64), ("tiles_w", _VP), ("ntw", _I64)]
+
+
+class _Source(ctypes.Structure):
+    _fields_ = [("t", native._Tensor), ("L", _I64 * 3), ("C", _I64)]
+
+
 class _Wino(ctypes.Structure):
-    _fields_ = [("inp", native._Tensor), ("out", _VP), ("ostride", _I64 * 5),
-                ("out_dtype", _I64),
-                ("N", _I64), ("Lin", _I64 * 3), ("Lout", _I64 * 3), ("Cin", _I64),
-                ("Cout", _I64), ("groups", _I64), ("axes", _I64), ("m", _I64),
-                ("dil", _I64 * 3), ("off", _I64 * 3), ("kd", _I64),
-                ("tiles_h", _VP), ("nth", _I64), ("tiles_w", _VP), ("ntw", _I64),
+    _fields_ = [("inp", _Source), ("out", _VP), ("ostride", _I64 * 5), ("out_dtype", _I64),
+                ("Lout", _I64 * 3), ("Cout", _I64), ("groups", _I64), ("tg", _TileGeom),
                 ("U", _VP), ("w", _VP), ("wdtype", _I64), ("wst", _I64), ("wsa", _I64),
                 ("wsb", _I64), ("wgs", _I64), ("wflip", _I64), ("cpad", _I64), ("nv", _I64),
                 ("V", _VP), ("vs0", _I64), ("vs1", _I64), ("vd0", _I64), ("vd1", _I64),
                 ("items", _VP), ("bad", _VP)]
+
+
+class _WinoWgrad(ctypes.Structure):
+    _fields_ = [("x", _Source), ("dy", _Source), ("groups", _I64), ("tg", _TileGeom),
+                ("cpad", _I64), ("nv", _I64), ("items", _VP)]
+
+
+class _MBox(ctypes.Structure):
+    _fields_ = [("g0", _I64), ("ng", _I64), ("c0", _I64), ("nc", _I64), ("ob0", _I64),
+                ("nob", _I64)]
 
 
 def _lib(eng: native.Engine):
@@ -80,7 +95,11 @@ def _lib(eng: native.Engine):
                                 ("cg_wino_run", None, [vp, i64, i64, vp]),
                                 ("cg_wino_input_scratch", i64, [vp, i64, i64]),
                                 ("cg_wino_input", None, [vp, i64, i64, vp, vp]),
-                                ("cg_wino_weights", None, [vp, i64, i64, vp])):
+                                ("cg_wino_weights", None, [vp, i64, i64, vp]),
+                                ("cg_wino_wgrad_scratch", i64, [vp, i64, i64]),
+                                ("cg_wino_wgrad_run", None, [vp, i64, i64, vp, vp, vp]),
+                                ("cg_wino_wgrad_finish", None, [vp, vp, vp, i64, i64, vp, i64,
+                                                                i64])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         lib._wino_bound = True
@@ -251,8 +270,19 @@ def _budgets() -> tuple:
             ITEM_PLANES)
 
 
+def _source(a: np.ndarray) -> _Source:
+    """An (N, *S, C) view as a source (3-D sizes)."""
+    return _Source(native._tensor(a), (_I64 * 3)(*native._pad3(a.shape[1:-1], 1)), a.shape[-1])
+
+
+def _tile_geom(plan) -> _TileGeom:
+    return _TileGeom(plan.axes, plan.m, (_I64 * 3)(*plan.dil), (_I64 * 3)(*plan.off), plan.kd,
+                     plan.tiles_h.ctypes.data, len(plan.tiles_h) // 2, plan.tiles_w.ctypes.data,
+                     len(plan.tiles_w) // 2)
+
+
 def _problem(plan: CorrPlan, inp: np.ndarray, w: np.ndarray, out: np.ndarray, U, bad):
-    """The C problem (and the arrays it points into, kept alive by the caller)."""
+    """The C problem (the arrays it points into are kept alive by the caller)."""
     w3 = native._weights_2d(w)
     es = w3.itemsize
     sc, so = w3.strides[1] // es, w3.strides[2] // es
@@ -263,12 +293,9 @@ def _problem(plan: CorrPlan, inp: np.ndarray, w: np.ndarray, out: np.ndarray, U,
     ostr = [s // out.itemsize for s in out.strides]
     r = out.ndim - 2
     ostr5 = [ostr[0]] + [0] * (3 - r) + ostr[1:]
-    return _Wino(native._tensor(inp), out.ctypes.data, (_I64 * 5)(*ostr5),
-                 native.DTYPE_CODES[out.dtype], out.shape[0], (_I64 * 3)(*plan.lin),
-                 (_I64 * 3)(*plan.lout), plan.cin, plan.cout, G, plan.axes, plan.m,
-                 (_I64 * 3)(*plan.dil), (_I64 * 3)(*plan.off), plan.kd,
-                 plan.tiles_h.ctypes.data, len(plan.tiles_h) // 2, plan.tiles_w.ctypes.data,
-                 len(plan.tiles_w) // 2, U.ctypes.data if U is not None else None,
+    return _Wino(_source(inp), out.ctypes.data, (_I64 * 5)(*ostr5),
+                 native.DTYPE_CODES[out.dtype], (_I64 * 3)(*plan.lout), plan.cout, G,
+                 _tile_geom(plan), U.ctypes.data if U is not None else None,
                  w3.ctypes.data, native.DTYPE_CODES[w3.dtype], w3.strides[0] // es, wsa, wsb,
                  og * so, int(plan.flip), plan.cpad, plan.nv, None, 0, 0, 0, 0,
                  plan.items.ctypes.data, bad.ctypes.data)
@@ -345,3 +372,172 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> 
     """Data gradient: w (*K, C/G, O), dy (N, *M, O) -> dx (N, *L, C)."""
     dx = native._alloc_like(dy, geom.n, geom.in_sizes, geom.c, out_dtype or np.float32)
     return _run_corr("dgrad", dy, w, dx, geom)
+
+
+# -- weight gradient ------------------------------------------------------------------------
+
+# An item's transformed x and dy tiles: about this much.
+WGRAD_ITEM_BYTES = 1 * 2**20
+# Output planes (3-D) per item.
+WGRAD_ITEM_PLANES = 4
+# Chunks of tiles with partial sums of the products (when they fit PARTIALS_BYTES);
+# otherwise the sums are cut into boxes of channels, each summing every tile.
+WGRAD_PARTS = 8
+PARTIALS_BYTES = 8 * 2**20
+# A box's sums at most (per-thread scratch).
+WGRAD_BOX_BYTES = 2 * 2**20
+
+
+@dataclass(frozen=True)
+class WgradPlan:
+    axes: int
+    m: int
+    dil: tuple
+    off: tuple
+    kd: int
+    tiles_h: np.ndarray
+    tiles_w: np.ndarray
+    nv: int
+    cpad: int
+    nob: int
+    items: np.ndarray     # per item: s0, s1, d0, d1, g, c0, c1, ob0, ob1
+    tasks: tuple          # per task: first and end item, box (g0, ng, c0, nc, ob0, nob)
+    parts: int            # > 0: tasks are chunks of tiles with partial sums of one box
+    box_floats: int       # the products' sums of a task
+
+
+def _boxes(G: int, cpad: int, nob: int, nb: int, na: int, kd: int, vl: int, x_bytes: int,
+           dy_bytes: int, limit: int) -> list:
+    """Boxes (g, c0, nc, ob0, nob) of the sums, each within ``limit`` bytes, with the
+    fewest repeated transforms: x is transformed once per range of output blocks, dy
+    once per range of input channels."""
+    best = None
+    for nc in sorted({max(vl, cpad // k // vl * vl) for k in (1, 2, 4, 8, 16, 32, 64)}):
+        for nobr in sorted({max(1, nob // k) for k in (1, 2, 4, 8, 16, 32, 64)}):
+            if na * kd * nc * nobr * nb * 4 > limit:
+                continue
+            cr, orr = -(-cpad // nc), -(-nob // nobr)
+            cost = (orr * x_bytes + cr * dy_bytes, -(cr * orr))
+            if best is None or cost < best[0]:
+                best = (cost, nc, nobr)
+    _, nc, nobr = best or (None, vl, 1)
+    return [(g, c0, min(nc, cpad - c0), ob0, min(nobr, nob - ob0))
+            for g in range(G) for c0 in range(0, cpad, nc) for ob0 in range(0, nob, nobr)]
+
+
+@functools.lru_cache(maxsize=256)
+def wgrad_plan(geom: ConvGeometry, vl: int, m: int, budgets: tuple) -> WgradPlan:
+    """The work decomposition of a Winograd weight gradient (pure, cached).  Results do
+    not depend on the thread count: every sum runs over the same blocks of tiles in the
+    same order, whichever thread runs it."""
+    item_bytes, item_planes, nparts, partials, box_bytes = budgets
+    ax = axes(geom)
+    pad3 = native._pad3
+    lin, lout = pad3(geom.in_sizes, 1), pad3(geom.out_sizes, 1)
+    dil = pad3(geom.dilations, 1)
+    off = tuple(-p for p in pad3(geom.pads_begin, 0))
+    G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
+    kd = geom.kernel[0] if geom.spatial_rank == 3 else 1
+    na = (m + 2) ** ax
+    nv = native._nv_for(og, vl)
+    nb = nv * vl
+    cpad, nob = -(-cg // vl) * vl, -(-og // nb)
+    th = _tiles(lout[1], dil[1], m) if ax == 2 else np.asarray([[0, 1]], np.int64)
+    tw = _tiles(lout[2], dil[2], m)
+    per_plane, depth = geom.n * len(th) * len(tw), lout[0]
+    all_floats = G * na * kd * cpad * nob * nb
+    # parts: every (group, channel, block) in one box, tiles in chunks
+    parts_mode = 2 * all_floats * 4 <= partials and G * cpad * nob * nb * na * kd * 4 <= partials
+    if parts_mode:
+        boxes = [(g, 0, cpad, 0, nob) for g in range(G)]
+    else:
+        x_bytes = geom.n * math.prod(lin) * cg * 4
+        dy_bytes = geom.n * math.prod(lout) * og * 4
+        boxes = _boxes(G, cpad, nob, nb, na, kd, vl, x_bytes, dy_bytes, box_bytes)
+    nd = min(depth, item_planes)
+    # tiles per item, for the widest box
+    cw, nobr = max(b[2] for b in boxes), max(b[4] for b in boxes)
+    per_tile = 4 * na * ((nd + kd - 1) * cw + nd * nobr * nb)
+    t = int(max(8, min(per_plane, item_bytes // per_tile)))
+    blocks = [(s0, min(per_plane, s0 + t), d0, min(depth, d0 + nd))
+              for d0 in range(0, depth, nd) for s0 in range(0, per_plane, t)]
+    items, tasks = [], []
+    if parts_mode:
+        # chunks of position blocks, every group in each
+        k = max(1, min(nparts, partials // (all_floats * 4), len(blocks)))
+        for lo, hi in _pool.split(len(blocks), k):
+            first = len(items)
+            items += [(*blk, g, 0, cg, 0, nob) for blk in blocks[lo:hi] for g in range(G)]
+            tasks.append((first, len(items), 0, G, 0, cpad, 0, nob))
+        parts, box_floats = len(tasks), all_floats
+    else:
+        for g, c0, nc, ob0, nobr_ in boxes:
+            first = len(items)
+            items += [(*blk, g, c0, min(cg, c0 + nc), ob0, ob0 + nobr_) for blk in blocks
+                      if c0 < cg]
+            if len(items) > first:
+                tasks.append((first, len(items), g, 1, c0, nc, ob0, nobr_))
+        parts, box_floats = 0, max(na * kd * b[2] * b[4] * nb for b in boxes)
+    plan = WgradPlan(ax, m, dil, off, kd, th.reshape(-1).copy(), tw.reshape(-1).copy(), nv,
+                     cpad, nob, native._i64(items).reshape(-1, 9), tuple(tasks), parts,
+                     box_floats)
+    for a in (plan.tiles_h, plan.tiles_w, plan.items):
+        a.setflags(write=False)
+    return plan
+
+
+def _wgrad_budgets() -> tuple:
+    w = settings.workspace_bytes()
+    return (WGRAD_ITEM_BYTES, WGRAD_ITEM_PLANES, WGRAD_PARTS, min(PARTIALS_BYTES, w // 4),
+            min(WGRAD_BOX_BYTES, max(2**16, w // 16)))
+
+
+def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
+    """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32."""
+    eng = native.engine()
+    lib = _lib(eng)
+    G, cg = geom.groups, geom.c // geom.groups
+    dw = np.zeros((*geom.kernel, cg, geom.o), np.float32)
+    if dw.size == 0 or x.size == 0 or dy.size == 0:
+        return dw
+    threads = native._threads(geom.flops)
+    m = tile_size(geom, "wgrad")
+    plan = wgrad_plan(geom, eng.vl, m, _wgrad_budgets())
+    prob = _WinoWgrad(_source(x), _source(dy), G, _tile_geom(plan), plan.cpad, plan.nv,
+                      plan.items.ctypes.data)
+    pp = ctypes.addressof(prob)
+    if plan.parts:
+        sums = scratch("winograd-sums", (plan.parts, plan.box_floats), np.float32, zero=False)
+
+    def task(i, first, end, box):
+        def run():
+            b = _MBox(*box)
+            need = int(lib.cg_wino_wgrad_scratch(pp, first, end))
+            buf = scratch("native-pack", (need,), np.float32, zero=False)
+            if plan.parts:
+                mb = sums[i]
+            else:
+                mb = scratch("winograd-box", (plan.box_floats,), np.float32, zero=False)
+            mb.fill(0)
+            lib.cg_wino_wgrad_run(pp, first, end, ctypes.byref(b), mb.ctypes.data,
+                                  buf.ctypes.data)
+            if not plan.parts:
+                lib.cg_wino_wgrad_finish(pp, ctypes.byref(b), mb.ctypes.data, 1, 0,
+                                         dw.ctypes.data, 0, box[1] * box[3])
+        return run
+
+    _pool.run_tasks([task(i, t[0], t[1], t[2:]) for i, t in enumerate(plan.tasks)], threads)
+    if plan.parts:
+        box = _MBox(0, G, 0, plan.cpad, 0, plan.nob)
+        rows = G * plan.cpad
+
+        def finish(lo, hi):
+            lib.cg_wino_wgrad_finish(pp, ctypes.byref(box), sums.ctypes.data, plan.parts,
+                                     plan.box_floats, dw.ctypes.data, lo, hi)
+        _pool.run_ranges(finish, rows, threads if rows >= 64 else 1)
+    del prob
+    if not np.isfinite(dw).all():
+        # a NaN or Inf mixed into every tap's sums by the transforms: the direct engine
+        # gives each tap only the products it has (D17)
+        return native.wgrad(x, dy, geom)
+    return dw

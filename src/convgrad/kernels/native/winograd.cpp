@@ -1,10 +1,10 @@
 // Winograd convolution for 3-tap stride-1 axes: F(4, 3) and F(2, 3) per axis.
 //
-// One correlation kernel serves the forward convolution and the data gradient (a
-// stride-1 data gradient is a correlation of dy with the flipped taps, channels
-// swapped), in 1-D (Winograd along w), 2-D (along h and w) and 3-D (along h and w; the
-// depth taps are extra terms of the products' reduction).  Per work item -- a block of
-// output tiles, a range of output planes, a range of output-channel blocks:
+// A correlation kernel serves the forward convolution and the data gradient (a stride-1
+// data gradient is a correlation of dy with the flipped taps, channels swapped), in 1-D
+// (Winograd along w), 2-D (along h and w) and 3-D (along h and w; the depth taps are
+// extra terms of the products' reduction).  Per work item -- a block of output tiles, a
+// range of output planes, a range of output-channel blocks:
 //
 //   1. input transform: V[a][tile][plane][c] = (B^T d B)[a] of every input tile the
 //      item reads (zeros where a tile reaches past the input);
@@ -13,7 +13,11 @@
 //      and input channels are one reduction);
 //   3. output transform: out[tile] = (A^T M A), written straight into the result.
 //
-// Transformed data never exceeds the item's scratch (no whole-tensor copies).  Tiles
+// The weight gradient runs the transposed algorithm: per tile, V = B^T x B and
+// Y = A dy A^T; per point a, M[a] += V[a]^T . Y[a] (a GEMM reducing over the tiles, on
+// the engine's accumulating GEMM tile); at the end dw = G^T M G.
+//
+// Transformed data never exceeds an item's scratch (no whole-tensor copies).  Tiles
 // along an axis of dilation d are the interleaved sub-grids' tiles: outputs r + d*(m*b
 // + i) read inputs r + d*(m*b + j) + off, so a dilated layer needs no split copies.
 //
@@ -22,13 +26,14 @@
 // out non-finite are recomputed by the direct kernels).
 #include <algorithm>
 #include <array>
-#include <utility>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "common.h"
 #include "simd.h"
+#include "tiles.h"
 
 using namespace cg;
 
@@ -47,9 +52,10 @@ extern "C" uint64_t* cg_wino_prof(void) { return wino_prof; }
 namespace {
 
 // ---------------------------------------------------------------------------------------
-// The transforms, F(m, 3) for m = 4 (points 0, +-1, +-2, inf) and m = 2 (0, +-1, inf):
+// The transforms, F(m, 3) for m = 4 (points 0, +-1, +-2, inf) and m = 2 (0, +-1, inf).
 // y = A^T [(G g) . (B^T d)] is the correlation y_i = sum_t d_{i+t} g_t; by symmetry of the
-// trilinear form, dg = G^T [(A dy) . (B^T d)] is its weight gradient.
+// trilinear form sum_a (A y')_a (G g)_a (B^T d)_a, the weight gradient of that
+// correlation is dg = G^T [(A dy) . (B^T d)].
 
 template <int M>
 struct F3;
@@ -92,6 +98,27 @@ struct F3<4> {
         u[4 * us] = (1.0f / 6.0f) * (f - 0.5f * g1);
         u[5 * us] = g2;
     }
+    // r = A y (4 -> 6): the weight gradient's dy transform
+    template <class V>
+    static inline void dy(const V* y, int ys, V* r, int rs) {
+        const V y0 = y[0], y1 = y[ys], y2 = y[2 * ys], y3 = y[3 * ys];
+        const V e = y0 + y2, f = y1 + y3, g = y0 + 4.0f * y2, h = 2.0f * y1 + 8.0f * y3;
+        r[0] = y0;
+        r[rs] = e + f;
+        r[2 * rs] = e - f;
+        r[3 * rs] = g + h;
+        r[4 * rs] = g - h;
+        r[5 * rs] = y3;
+    }
+    // g = G^T m (6 -> 3): the weight gradient's final transform
+    template <class V>
+    static inline void dw(const V* m, int ms, V* g, int gs) {
+        const V s12 = m[ms] + m[2 * ms], d12 = m[ms] - m[2 * ms];
+        const V s34 = m[3 * ms] + m[4 * ms], d34 = m[3 * ms] - m[4 * ms];
+        g[0] = (1.0f / 4.0f) * m[0] - (1.0f / 6.0f) * s12 + (1.0f / 24.0f) * s34;
+        g[gs] = (1.0f / 12.0f) * d34 - (1.0f / 6.0f) * d12;
+        g[2 * gs] = (1.0f / 6.0f) * (s34 - s12) + m[5 * ms];
+    }
 };
 
 template <>
@@ -118,6 +145,21 @@ struct F3<2> {
         u[us] = 0.5f * (e + g1);
         u[2 * us] = 0.5f * (e - g1);
         u[3 * us] = g2;
+    }
+    template <class V>
+    static inline void dy(const V* y, int ys, V* r, int rs) {
+        const V y0 = y[0], y1 = y[ys];
+        r[0] = y0;
+        r[rs] = y0 + y1;
+        r[2 * rs] = y0 - y1;
+        r[3 * rs] = -y1;
+    }
+    template <class V>
+    static inline void dw(const V* m, int ms, V* g, int gs) {
+        const V s = m[ms] + m[2 * ms];
+        g[0] = m[0] + 0.5f * s;
+        g[gs] = 0.5f * (m[ms] - m[2 * ms]);
+        g[2 * gs] = 0.5f * s + m[3 * ms];
     }
 };
 
@@ -182,13 +224,8 @@ inline const wgemm_fn* wgemm_table(int nv) {
 
 extern "C" {
 
-// The Winograd correlation problem (winograd.py: _Wino, same field order).
-struct WinoProblem {
-    Tensor in;                 // n, d, h, w, c: the correlation's input, any dtype / strides
-    void* out;                 // the output (out_dtype: float32, float16 or bfloat16)
-    int64_t ostride[5];        // n, d, h, w, c (elements)
-    int64_t out_dtype;
-    int64_t N, Lin[3], Lout[3], Cin, Cout, groups;
+// How outputs are cut into tiles (winograd.py: _TileGeom, same field order).
+struct TileGeom {
     int64_t axes;              // Winograd axes: 1 (w) or 2 (h, w)
     int64_t m;                 // outputs per tile and Winograd axis: 2 or 4
     int64_t dil[3];            // input step per tap (depth: 1)
@@ -198,6 +235,22 @@ struct WinoProblem {
     int64_t nth;
     const int64_t* tiles_w;    // per tile column: the same
     int64_t ntw;
+};
+
+// A data tensor and its sizes.
+struct Source {
+    Tensor t;                  // n, d, h, w, c; any of float32, float16, bfloat16
+    int64_t L[3], C;
+};
+
+// The Winograd correlation problem (winograd.py: _Wino, same field order).
+struct WinoProblem {
+    Source in;                 // the correlation's input
+    void* out;                 // the output (out_dtype: float32, float16 or bfloat16)
+    int64_t ostride[5];        // n, d, h, w, c (elements)
+    int64_t out_dtype;
+    int64_t Lout[3], Cout, groups;
+    TileGeom tg;
     // the weights' blocks (k = g*nob + ob; NB = nv*VL columns): transformed, block k at
     // U + k*ublock, point a, depth tap t, input channel c at ((a*kd + t)*cpad + c)*NB --
     // or, when U is null, transformed by each item from the source view: tap t (flipped
@@ -218,6 +271,20 @@ struct WinoProblem {
                                // not finite (recomputed by the direct kernels: D17)
 };
 
+// The Winograd weight gradient (winograd.py: _WinoWgrad): dw[t][c][o] = sum over output
+// positions p of x[p + t*dil + off][c] * dy[p][o].
+struct WinoWgrad {
+    Source x;
+    Source dy;                 // dy.L: the output sizes the tiles cut
+    int64_t groups;
+    TileGeom tg;
+    int64_t cpad;              // input channels per group rounded up to VL
+    int64_t nv;                // NB = nv*VL output channels per block
+    const int64_t* items;      // per item: first and end tile, first and end output plane,
+                               // group, first and end input channel (of the group), first
+                               // and end output block (of the group)
+};
+
 int64_t cg_wino_points(int64_t axes, int64_t m) { return axes == 2 ? (m + 2) * (m + 2) : m + 2; }
 int64_t cg_wino_mr(int64_t nv) { return nv >= 1 && nv <= 4 ? WMR[nv] : 0; }
 int64_t cg_wino_scratch(const WinoProblem* P, int64_t lo, int64_t hi);
@@ -225,6 +292,18 @@ void cg_wino_run(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch);
 int64_t cg_wino_input_scratch(const WinoProblem* P, int64_t s0, int64_t s1);
 void cg_wino_input(const WinoProblem* P, int64_t s0, int64_t s1, float* V, float* scratch);
 void cg_wino_weights(const WinoProblem* P, int64_t lo, int64_t hi, float* out);
+// The products' sums M of a weight gradient cover a box: groups [g0, g0 + ng), input
+// channels [c0, c0 + nc) and output blocks [ob0, ob0 + nob) of each; point a, depth tap k,
+// channel c, column j of block ob at
+// ((((g - g0)*NA + a)*kd + k)*nc + c - c0)*nob*NB + (ob - ob0)*NB + j.
+struct MBox {
+    int64_t g0, ng, c0, nc, ob0, nob;
+};
+int64_t cg_wino_wgrad_scratch(const WinoWgrad* P, int64_t lo, int64_t hi);
+void cg_wino_wgrad_run(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox* box, float* M,
+                       float* scratch);
+void cg_wino_wgrad_finish(const WinoWgrad* P, const MBox* box, const float* M, int64_t parts,
+                          int64_t part_stride, float* dw, int64_t lo, int64_t hi);
 
 }  // extern "C"
 
@@ -237,51 +316,59 @@ inline int64_t spread(int64_t floats) {
     return (lines | 1) * 16;
 }
 
-inline int64_t num_points(const WinoProblem* P) { return cg_wino_points(P->axes, P->m); }
-inline int64_t nblocks(const WinoProblem* P) {
-    const int64_t NB = P->nv * VL;
-    return (P->Cout / P->groups + NB - 1) / NB;
+inline int64_t num_points(const TileGeom& T) { return cg_wino_points(T.axes, T.m); }
+inline int64_t nblocks(int64_t cout_g, int64_t nv) {
+    const int64_t NB = nv * VL;
+    return (cout_g + NB - 1) / NB;
 }
 inline int64_t ublock(const WinoProblem* P) {
-    return num_points(P) * P->kd * P->cpad * P->nv * VL;
+    return num_points(P->tg) * P->tg.kd * P->cpad * P->nv * VL;
 }
 inline bool direct_out(const WinoProblem* P) { return P->out_dtype == F32 && P->ostride[4] == 1; }
 
-// The input lines an item reads: in place (float32, unit channel stride), or converted
-// into scratch (sorted keys (n*L0 + d)*L1 + h, each line all W pixels, all channels).
+// Tile s (over n, tile row, tile column) of one plane of tiles.
+struct TileAt {
+    int64_t n, th, tw;
+    TileAt(const TileGeom& T, int64_t s)
+        : n(s / (T.nth * T.ntw)), th((s / T.ntw) % T.nth), tw(s % T.ntw) {}
+};
+
+// The lines of a source a block of tiles reads: in place (float32, unit channel stride),
+// or converted into scratch (sorted keys (n*L0 + d)*L1 + h, each line all its pixels
+// and channels).
 struct Lines {
-    const WinoProblem* P;
+    const Source* S = nullptr;
     bool packed = false;
     std::vector<int64_t> keys;
     const float* buf = nullptr;
 
-    // line (n, d, h) at pixel 0, channel 0 (or null if it was not converted)
+    // line (n, d, h) at pixel 0, channel 0
     const float* row(int64_t n, int64_t d, int64_t h) const {
-        if (!packed) return (const float*)at(P->in, n, d, h, 0, 0);
-        const int64_t key = (n * P->Lin[0] + d) * P->Lin[1] + h;
+        if (!packed) return (const float*)at(S->t, n, d, h, 0, 0);
+        const int64_t key = (n * S->L[0] + d) * S->L[1] + h;
         const auto it = std::lower_bound(keys.begin(), keys.end(), key);
-        return buf + (it - keys.begin()) * P->Lin[2] * P->Cin;
+        return buf + (it - keys.begin()) * S->L[2] * S->C;
     }
-    int64_t pixel() const { return packed ? P->Cin : P->in.stride[3]; }
+    int64_t pixel() const { return packed ? S->C : S->t.stride[3]; }
 };
 
-// The tile rows (n, tile row) and input planes that tiles [s0, s1) x output planes
-// [d0, d1) read, as line keys: every row of those tiles, every plane.
-void tile_keys(const WinoProblem* P, int64_t s0, int64_t s1, int64_t d0, int64_t d1,
+// The lines of S that tiles [s0, s1) x output planes [d0, d1) read: rows j*dil[1] + off[1]
+// (j < rows) from each tile row's first output, planes d + off[0] + k (k < depth taps).
+void tile_keys(const Source& S, const TileGeom& T, int64_t rows, int64_t depth, int64_t s0,
+               int64_t s1, int64_t d0, int64_t d1, const int64_t* off,
                std::vector<int64_t>& keys) {
     keys.clear();
-    const int64_t per_n = P->nth * P->ntw, A = P->m + 2;
     int64_t last = -1;
     for (int64_t s = s0; s < s1; s++) {
-        const int64_t tr = s / P->ntw;            // n * nth + tile row
+        const int64_t tr = s / T.ntw;            // n * nth + tile row
         if (tr == last) continue;
         last = tr;
-        const int64_t n = s / per_n, th = tr % P->nth;
-        for (int64_t pd = d0 + P->off[0]; pd < d1 - 1 + P->off[0] + P->kd; pd++) {
-            if (pd < 0 || pd >= P->Lin[0]) continue;
-            for (int64_t j = 0; j < (P->axes == 2 ? A : 1); j++) {
-                const int64_t h = P->axes == 2 ? P->tiles_h[2 * th] + P->off[1] + j * P->dil[1] : 0;
-                if (h >= 0 && h < P->Lin[1]) keys.push_back((n * P->Lin[0] + pd) * P->Lin[1] + h);
+        const TileAt at_(T, s);
+        for (int64_t pd = d0 + off[0]; pd < d1 - 1 + off[0] + depth; pd++) {
+            if (pd < 0 || pd >= S.L[0]) continue;
+            for (int64_t j = 0; j < rows; j++) {
+                const int64_t h = T.axes == 2 ? T.tiles_h[2 * at_.th] + off[1] + j * T.dil[1] : 0;
+                if (h >= 0 && h < S.L[1]) keys.push_back((at_.n * S.L[0] + pd) * S.L[1] + h);
             }
         }
     }
@@ -289,24 +376,26 @@ void tile_keys(const WinoProblem* P, int64_t s0, int64_t s1, int64_t d0, int64_t
     keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
 }
 
-// Prepare the lines of tiles [s0, s1) x planes [d0, d1): converted into buf when the
-// input is not float32 with unit channel stride.  Returns the floats used.
-int64_t prepare_lines(const WinoProblem* P, int64_t s0, int64_t s1, int64_t d0, int64_t d1,
+// Prepare the lines (converted into buf unless S is float32 with unit channel stride);
+// returns the floats used.
+int64_t prepare_lines(const Source& S, const TileGeom& T, int64_t rows, int64_t depth,
+                      int64_t s0, int64_t s1, int64_t d0, int64_t d1, const int64_t* off,
                       Lines& L, float* buf) {
-    L.P = P;
-    L.packed = !direct_f32(P->in);
+    L.S = &S;
+    L.packed = !direct_f32(S.t);
     if (!L.packed) return 0;
-    tile_keys(P, s0, s1, d0, d1, L.keys);
-    pack_keyed_lines(buf, P->in, L.keys, P->Lin[0], P->Lin[1], P->Lin[2], P->Cin);
+    tile_keys(S, T, rows, depth, s0, s1, d0, d1, off, L.keys);
+    pack_keyed_lines(buf, S.t, L.keys, S.L[0], S.L[1], S.L[2], S.C);
     L.buf = buf;
-    return (int64_t)L.keys.size() * P->Lin[2] * P->Cin;
+    return (int64_t)L.keys.size() * S.L[2] * S.C;
 }
 
-int64_t lines_floats(const WinoProblem* P, int64_t s0, int64_t s1, int64_t d0, int64_t d1) {
-    if (direct_f32(P->in)) return 0;
+int64_t lines_floats(const Source& S, const TileGeom& T, int64_t rows, int64_t depth,
+                     int64_t s0, int64_t s1, int64_t d0, int64_t d1, const int64_t* off) {
+    if (direct_f32(S.t)) return 0;
     std::vector<int64_t> keys;
-    tile_keys(P, s0, s1, d0, d1, keys);
-    return (int64_t)keys.size() * P->Lin[2] * P->Cin;
+    tile_keys(S, T, rows, depth, s0, s1, d0, d1, off, keys);
+    return (int64_t)keys.size() * S.L[2] * S.C;
 }
 
 // One channel vector of an input tile: row j of the tile at rows[j] (null: a row of
@@ -357,41 +446,37 @@ inline void input_vector(const float* const* rows, int64_t ch, int64_t xw, int w
     }
 }
 
-// Input transform of one tile (n, input plane pd, tile row th, tile column tw), all
-// channels: point a of group g's channels at V + a*astride + g*gstride.  Rows and
-// columns past the input are zeros; so are the lanes past a group's channels, up to
-// cpad (they meet zero weight rows).
+// Input transform of one tile (n, input plane pd, tile row th, tile column tw) of S,
+// channels [c0, c1) of one group (c0 - the group's first channel a multiple of VL):
+// point a of channel c at o + a*astride + (c - c0).  Rows and columns past the input
+// are zeros; so are the lanes past c1 in the last vector.
 template <int M, int AX>
-void input_tile(const WinoProblem* P, const Lines& L, int64_t n, int64_t pd, int64_t th,
-                int64_t tw, float* V, int64_t astride, int64_t gstride) {
+void input_tile(const Source& S, const TileGeom& T, const Lines& L, int64_t n, int64_t pd,
+                int64_t th, int64_t tw, int64_t c0, int64_t c1, float* o, int64_t astride) {
     constexpr int A = F3<M>::A;
     constexpr int AH = AX == 2 ? A : 1;
-    const int64_t G = P->groups, cg_ = P->Cin / G;
-    const int64_t w0 = P->tiles_w[2 * tw] + P->off[2];
-    const int64_t dw = P->dil[2];
+    const int64_t w0 = T.tiles_w[2 * tw] + T.off[2];
+    const int64_t dw = T.dil[2];
     const float* rows[AH];
-    const bool inside = pd >= 0 && pd < P->Lin[0];
+    const bool inside = pd >= 0 && pd < S.L[0];
     int wlo = 0, whi = A;                 // the columns inside the input
     while (wlo < A && w0 + wlo * dw < 0) wlo++;
-    while (whi > wlo && w0 + (whi - 1) * dw >= P->Lin[2]) whi--;
+    while (whi > wlo && w0 + (whi - 1) * dw >= S.L[2]) whi--;
     bool full = wlo == 0 && whi == A && inside;
     const int64_t xw = L.pixel() * dw;           // floats between a tile's columns
     for (int j = 0; j < AH; j++) {
-        const int64_t h = AX == 2 ? P->tiles_h[2 * th] + P->off[1] + j * P->dil[1] : 0;
-        const bool ok = inside && h >= 0 && h < P->Lin[1] && wlo < whi;
+        const int64_t h = AX == 2 ? T.tiles_h[2 * th] + T.off[1] + j * T.dil[1] : 0;
+        const bool ok = inside && h >= 0 && h < S.L[1] && wlo < whi;
         rows[j] = ok ? L.row(n, pd, h) + w0 * L.pixel() : nullptr;
         full = full && ok;
     }
-    const int64_t cfull = full ? cg_ / VL * VL : 0;
-    for (int64_t g = 0; g < G; g++) {
-        float* o = V + g * gstride;
-        int64_t c = 0;
-        for (; c < cfull; c += VL)
-            input_vector<M, AX, true>(rows, g * cg_ + c, xw, 0, A, VL, o + c, astride);
-        for (; c < cg_; c += VL)
-            input_vector<M, AX, false>(rows, g * cg_ + c, xw, wlo, whi,
-                                       (int)std::min<int64_t>(VL, cg_ - c), o + c, astride);
-    }
+    const int64_t cfull = full ? c0 + (c1 - c0) / VL * VL : c0;
+    int64_t c = c0;
+    for (; c < cfull; c += VL)
+        input_vector<M, AX, true>(rows, c, xw, 0, A, VL, o + (c - c0), astride);
+    for (; c < c1; c += VL)
+        input_vector<M, AX, false>(rows, c, xw, wlo, whi, (int)std::min<int64_t>(VL, c1 - c),
+                                   o + (c - c0), astride);
 }
 
 // Output transform of one tile: M + a*mstride (NB columns) -> the tile's pixel (i, j) at
@@ -460,39 +545,43 @@ inline bool finite_all(vf s) {
     return true;
 }
 
-// Transform tiles [s0, s1) x input planes of output planes [d0, d1) into V (point a of
-// tile s, plane p, group g at V + a*astride + (s - sbase)*rowlen + g*gplanes + p*cpad).
+// Layout of a transformed input holding tiles [s0, s1) of the input planes of output
+// planes [d0, d1): point a of tile s, plane p, group g at
+// a*astride + (s - s0)*rowlen + g*gplanes + p*cpad.
+struct VLayout {
+    int64_t planes, gplanes, rowlen, astride;
+    VLayout(const TileGeom& T, int64_t G, int64_t cpad, int64_t s0, int64_t s1, int64_t d0,
+            int64_t d1) {
+        planes = d1 - d0 + T.kd - 1;
+        gplanes = planes * cpad;                           // floats per tile, point, group
+        rowlen = G * gplanes;                              // floats per tile and point
+        astride = spread((s1 - s0) * rowlen);              // floats per point
+    }
+    int64_t floats(const TileGeom& T) const { return num_points(T) * astride; }
+};
+
+// Transform tiles [s0, s1) x the input planes of output planes [d0, d1), every group,
+// into V laid out as lay (tile s at (s - sbase)).
 template <int M, int AX>
-void transform_tiles(const WinoProblem* P, const Lines& L, int64_t s0, int64_t s1,
-                     int64_t sbase, int64_t d0, int64_t np_, float* V, int64_t astride,
-                     int64_t rowlen, int64_t gplanes) {
-    const int64_t tiles_plane = P->nth * P->ntw;
+void transform_tiles(const Source& S, const TileGeom& T, int64_t G, int64_t cpad,
+                     const Lines& L, int64_t s0, int64_t s1, int64_t sbase, int64_t d0,
+                     const VLayout& lay, float* V) {
+    const int64_t cg_ = S.C / G;
     for (int64_t s = s0; s < s1; s++) {
-        const int64_t n = s / tiles_plane, th = (s / P->ntw) % P->nth, tw = s % P->ntw;
-        for (int64_t p = 0; p < np_; p++)
-            input_tile<M, AX>(P, L, n, d0 + P->off[0] + p, th, tw,
-                              V + (s - sbase) * rowlen + p * P->cpad, astride, gplanes);
+        const TileAt t(T, s);
+        for (int64_t p = 0; p < lay.planes; p++)
+            for (int64_t g = 0; g < G; g++)
+                input_tile<M, AX>(S, T, L, t.n, d0 + T.off[0] + p, t.th, t.tw, g * cg_,
+                                  (g + 1) * cg_,
+                                  V + (s - sbase) * lay.rowlen + g * lay.gplanes + p * cpad,
+                                  lay.astride);
     }
 }
 
-// Layout of a transformed input holding tiles [s0, s1) of planes [d0, d1).
-struct VLayout {
-    int64_t planes, gplanes, rowlen, astride;
-    VLayout(const WinoProblem* P, int64_t s0, int64_t s1, int64_t d0, int64_t d1) {
-        planes = d1 - d0 + P->kd - 1;
-        gplanes = planes * P->cpad;                        // floats per tile, point, group
-        rowlen = P->groups * gplanes;                      // floats per tile and point
-        astride = spread((s1 - s0) * rowlen);              // floats per point
-    }
-    int64_t floats(const WinoProblem* P) const { return num_points(P) * astride; }
-};
-
-// The output transform's destination for an item: the result itself, or a float32
-// buffer [tile][i][j][Cout] written to the result (its layout and dtype) afterwards.
 inline int64_t out_buffer_floats(const WinoProblem* P, int64_t nt) {
     if (direct_out(P)) return 0;
-    const int64_t mh = P->axes == 2 ? P->m : 1;
-    return nt * mh * P->m * P->Cout;
+    const int64_t mh = P->tg.axes == 2 ? P->tg.m : 1;
+    return nt * mh * P->tg.m * P->Cout;
 }
 
 template <int M, int AX>
@@ -500,11 +589,11 @@ void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
     constexpr int A = F3<M>::A;
     constexpr int NA = AX == 2 ? A * A : A;
     constexpr int MH = AX == 2 ? M : 1;
+    const TileGeom& T = P->tg;
     const int64_t G = P->groups, cout_g = P->Cout / G;
     const int nv = (int)P->nv, NB = nv * VL, mr = WMR[nv];
-    const int64_t nob = nblocks(P), ub = ublock(P);
+    const int64_t nob = nblocks(cout_g, nv), ub = ublock(P);
     const wgemm_fn* fns = wgemm_table(nv);
-    const int64_t tiles_plane = P->nth * P->ntw;
     const bool dout = direct_out(P);
     Lines L;
     for (int64_t it = lo; it < hi; it++) {
@@ -515,18 +604,19 @@ void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
         // 1. the transformed input: shared, or this item's own
         const float* V;
         int64_t vtile0, vplane0;
-        VLayout lay = P->V ? VLayout(P, P->vs0, P->vs1, P->vd0, P->vd1) : VLayout(P, s0, s1, d0, d1);
+        const VLayout lay = P->V ? VLayout(T, G, P->cpad, P->vs0, P->vs1, P->vd0, P->vd1)
+                                 : VLayout(T, G, P->cpad, s0, s1, d0, d1);
         PROF_START();
         if (P->V) {
             V = P->V;
             vtile0 = s0 - P->vs0;
             vplane0 = d0 - P->vd0;
         } else {
-            free_ += prepare_lines(P, s0, s1, d0, d1, L, free_);
+            free_ += prepare_lines(P->in, T, AX == 2 ? A : 1, T.kd, s0, s1, d0, d1, T.off, L,
+                                   free_);
             float* Vi = free_;
-            free_ += lay.floats(P);
-            transform_tiles<M, AX>(P, L, s0, s1, s0, d0, lay.planes, Vi, lay.astride,
-                                   lay.rowlen, lay.gplanes);
+            free_ += lay.floats(T);
+            transform_tiles<M, AX>(P->in, T, G, P->cpad, L, s0, s1, s0, d0, lay, Vi);
             V = Vi;
             vtile0 = 0;
             vplane0 = 0;
@@ -544,14 +634,15 @@ void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
         float* Mb = free_;
         free_ += NA * mstride;
         float* obuf = free_;                        // [tile][i][j][Cout], if not direct
-        const int64_t red = P->kd * P->cpad;        // reduction: depth taps x channels
+        const int64_t red = T.kd * P->cpad;         // reduction: depth taps x channels
         for (int64_t d = d0; d < d1; d++) {
             for (int64_t k = k0; k < k1; k++) {
                 const int64_t g = k / nob, ob = k % nob;
                 const int nvalid = (int)std::min<int64_t>(NB, cout_g - ob * NB);
                 // products, point by point
                 const float* Uk = Ub + k * ub;
-                const float* Vg = V + vtile0 * lay.rowlen + g * lay.gplanes + (d - d0 + vplane0) * P->cpad;
+                const float* Vg = V + vtile0 * lay.rowlen + g * lay.gplanes +
+                                  (d - d0 + vplane0) * P->cpad;
                 for (int a = 0; a < NA; a++) {
                     const float* Va = Vg + a * lay.astride;
                     const float* Ua = Uk + a * red * NB;
@@ -565,18 +656,18 @@ void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
                 // output transform, into the result or the item's buffer
                 const int64_t ch0 = g * cout_g + ob * NB;
                 for (int64_t s = s0; s < s1; s++) {
-                    const int64_t n = s / tiles_plane, th = (s / P->ntw) % P->nth, tw = s % P->ntw;
-                    const int64_t h0 = AX == 2 ? P->tiles_h[2 * th] : 0;
-                    const int nh = AX == 2 ? (int)P->tiles_h[2 * th + 1] : 1;
-                    const int64_t w0 = P->tiles_w[2 * tw];
-                    const int nw = (int)P->tiles_w[2 * tw + 1];
+                    const TileAt t(T, s);
+                    const int64_t h0 = AX == 2 ? T.tiles_h[2 * t.th] : 0;
+                    const int nh = AX == 2 ? (int)T.tiles_h[2 * t.th + 1] : 1;
+                    const int64_t w0 = T.tiles_w[2 * t.tw];
+                    const int nw = (int)T.tiles_w[2 * t.tw + 1];
                     float* o;
                     int64_t sh, sw;
                     if (dout) {
-                        o = (float*)P->out + n * P->ostride[0] + d * P->ostride[1] +
+                        o = (float*)P->out + t.n * P->ostride[0] + d * P->ostride[1] +
                             h0 * P->ostride[2] + w0 * P->ostride[3] + ch0;
-                        sh = P->dil[1] * P->ostride[2];
-                        sw = P->dil[2] * P->ostride[3];
+                        sh = T.dil[1] * P->ostride[2];
+                        sw = T.dil[2] * P->ostride[3];
                     } else {
                         sw = P->Cout;
                         sh = M * sw;
@@ -586,8 +677,8 @@ void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
                                                       nh, nw, nvalid);
                     if (!finite_all(sum)) {
                         for (int i = 0; i < nh; i++)
-                            __atomic_store_n(P->bad + (n * P->Lout[0] + d) * P->Lout[1] + h0 +
-                                             i * P->dil[1], (uint8_t)1, __ATOMIC_RELAXED);
+                            __atomic_store_n(P->bad + (t.n * P->Lout[0] + d) * P->Lout[1] +
+                                             h0 + i * T.dil[1], (uint8_t)1, __ATOMIC_RELAXED);
                     }
                 }
                 PROF_ADD(2);
@@ -596,11 +687,11 @@ void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
                 // the buffered tiles' outputs (channels of blocks [k0, k1)) to the result
                 const int64_t es = P->out_dtype == F32 ? 4 : 2;
                 for (int64_t s = s0; s < s1; s++) {
-                    const int64_t n = s / tiles_plane, th = (s / P->ntw) % P->nth, tw = s % P->ntw;
-                    const int64_t h0 = AX == 2 ? P->tiles_h[2 * th] : 0;
-                    const int nh = AX == 2 ? (int)P->tiles_h[2 * th + 1] : 1;
-                    const int64_t w0 = P->tiles_w[2 * tw];
-                    const int nw = (int)P->tiles_w[2 * tw + 1];
+                    const TileAt t(T, s);
+                    const int64_t h0 = AX == 2 ? T.tiles_h[2 * t.th] : 0;
+                    const int nh = AX == 2 ? (int)T.tiles_h[2 * t.th + 1] : 1;
+                    const int64_t w0 = T.tiles_w[2 * t.tw];
+                    const int nw = (int)T.tiles_w[2 * t.tw + 1];
                     for (int64_t k = k0; k < k1;) {
                         // a run of blocks of one group: contiguous channels
                         const int64_t g = k / nob, kend = std::min(k1, (g + 1) * nob);
@@ -608,9 +699,9 @@ void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
                         const int64_t c1 = g * cout_g + std::min(cout_g, (kend - g * nob) * NB);
                         for (int i = 0; i < nh; i++)
                             for (int j = 0; j < nw; j++) {
-                                const int64_t h = h0 + i * P->dil[1], w = w0 + j * P->dil[2];
+                                const int64_t h = h0 + i * T.dil[1], w = w0 + j * T.dil[2];
                                 char* dst = (char*)P->out +
-                                            es * (n * P->ostride[0] + d * P->ostride[1] +
+                                            es * (t.n * P->ostride[0] + d * P->ostride[1] +
                                                   h * P->ostride[2] + w * P->ostride[3] +
                                                   c0 * P->ostride[4]);
                                 store_run(dst, P->out_dtype, P->ostride[4],
@@ -625,100 +716,219 @@ void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
     }
 }
 
+template <template <int, int> class F, class... Args>
+void dispatch(const TileGeom& T, Args&&... args) {
+    if (T.m == 4) {
+        if (T.axes == 2) F<4, 2>::run(args...);
+        else F<4, 1>::run(args...);
+    } else {
+        if (T.axes == 2) F<2, 2>::run(args...);
+        else F<2, 1>::run(args...);
+    }
+}
+
+template <int M, int AX>
+struct RunItems {
+    static void run(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
+        run_items<M, AX>(P, lo, hi, scratch);
+    }
+};
+
+template <int M, int AX>
+struct InputTiles {
+    static void run(const WinoProblem* P, int64_t s0, int64_t s1, float* V, float* scratch) {
+        Lines L;
+        const TileGeom& T = P->tg;
+        prepare_lines(P->in, T, AX == 2 ? M + 2 : 1, T.kd, s0, s1, P->vd0, P->vd1, T.off, L,
+                      scratch);
+        const VLayout lay(T, P->groups, P->cpad, P->vs0, P->vs1, P->vd0, P->vd1);
+        transform_tiles<M, AX>(P->in, T, P->groups, P->cpad, L, s0, s1, P->vs0, P->vd0, lay, V);
+    }
+};
+
 }  // namespace
 
 int64_t cg_wino_scratch(const WinoProblem* P, int64_t lo, int64_t hi) {
     int64_t most = 0;
-    const int64_t NB = P->nv * VL;
+    const TileGeom& T = P->tg;
+    const int64_t NB = P->nv * VL, A = T.m + 2;
     for (int64_t it = lo; it < hi; it++) {
         const int64_t* item = P->items + 6 * it;
         const int64_t nt = item[1] - item[0];
         int64_t need = 0;
         if (!P->V) {
-            need += lines_floats(P, item[0], item[1], item[2], item[3]);
-            need += VLayout(P, item[0], item[1], item[2], item[3]).floats(P);
+            need += lines_floats(P->in, T, T.axes == 2 ? A : 1, T.kd, item[0], item[1],
+                                 item[2], item[3], T.off);
+            need += VLayout(T, P->groups, P->cpad, item[0], item[1], item[2], item[3]).floats(T);
         }
         if (!P->U) need += (item[5] - item[4]) * ublock(P);
-        need += num_points(P) * spread(nt * NB) + out_buffer_floats(P, nt);
+        need += num_points(T) * spread(nt * NB) + out_buffer_floats(P, nt);
         most = std::max(most, need);
     }
     return most + 64;
 }
 
 void cg_wino_run(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
-    if (P->m == 4) {
-        if (P->axes == 2) run_items<4, 2>(P, lo, hi, scratch);
-        else run_items<4, 1>(P, lo, hi, scratch);
-    } else {
-        if (P->axes == 2) run_items<2, 2>(P, lo, hi, scratch);
-        else run_items<2, 1>(P, lo, hi, scratch);
-    }
+    dispatch<RunItems>(P->tg, P, lo, hi, scratch);
 }
 
 int64_t cg_wino_input_scratch(const WinoProblem* P, int64_t s0, int64_t s1) {
-    return lines_floats(P, s0, s1, P->vd0, P->vd1) + 64;
+    const TileGeom& T = P->tg;
+    return lines_floats(P->in, T, T.axes == 2 ? T.m + 2 : 1, T.kd, s0, s1, P->vd0, P->vd1,
+                        T.off) + 64;
 }
 
 // The shared transformed input: tiles [s0, s1) (within [vs0, vs1)) into V.
 void cg_wino_input(const WinoProblem* P, int64_t s0, int64_t s1, float* V, float* scratch) {
-    Lines L;
-    prepare_lines(P, s0, s1, P->vd0, P->vd1, L, scratch);
-    const VLayout lay(P, P->vs0, P->vs1, P->vd0, P->vd1);
-    if (P->m == 4) {
-        if (P->axes == 2) transform_tiles<4, 2>(P, L, s0, s1, P->vs0, P->vd0, lay.planes, V, lay.astride, lay.rowlen, lay.gplanes);
-        else transform_tiles<4, 1>(P, L, s0, s1, P->vs0, P->vd0, lay.planes, V, lay.astride, lay.rowlen, lay.gplanes);
-    } else {
-        if (P->axes == 2) transform_tiles<2, 2>(P, L, s0, s1, P->vs0, P->vd0, lay.planes, V, lay.astride, lay.rowlen, lay.gplanes);
-        else transform_tiles<2, 1>(P, L, s0, s1, P->vs0, P->vd0, lay.planes, V, lay.astride, lay.rowlen, lay.gplanes);
-    }
+    dispatch<InputTiles>(P->tg, P, s0, s1, V, scratch);
 }
+
+// ---------------------------------------------------------------------------------------
+// The weight gradient
 
 namespace {
 
-// Weight blocks [lo, hi) (k = g*nob + ob) of U, block k at out + (k - lo)*ublock.
+// One channel vector of a dy tile (rows[i]: row i of the tile, null past the output;
+// columns xw floats apart, the first nw of them valid; nc lanes): Y = A dy A^T, point
+// a = k*A + j to o + a*astride.
 template <int M, int AX>
-void weights_blocks(const WinoProblem* P, int64_t lo, int64_t hi, float* out) {
+inline void dy_vector(const float* const* rows, int64_t ch, int64_t xw, int nw, int nc, float* o,
+                      int64_t astride) {
+    constexpr int A = F3<M>::A;
+    constexpr int MH = AX == 2 ? M : 1;
+    alignas(64) vf tmp[MH][A];
+#pragma GCC unroll 4
+    for (int i = 0; i < MH; i++) {
+        vf d[M];
+        const float* r = rows[i] + ch;
+        for (int k = 0; k < M; k++)
+            d[k] = (!rows[i] || k >= nw) ? zero()
+                   : nc == VL ? load(r + k * xw) : load_n(r + k * xw, nc);
+        F3<M>::dy(d, 1, &tmp[i][0], 1);
+    }
+    if (AX == 2) {
+#pragma GCC unroll 8
+        for (int k = 0; k < A; k++) {
+            vf col[M], r[A];
+#pragma GCC unroll 4
+            for (int i = 0; i < M; i++) col[i] = tmp[i][k];
+            F3<M>::dy(col, 1, r, 1);
+#pragma GCC unroll 8
+            for (int j = 0; j < A; j++) {
+                store(o, r[j]);
+                o += astride;
+            }
+        }
+    } else {
+#pragma GCC unroll 8
+        for (int k = 0; k < A; k++) {
+            store(o, tmp[0][k]);
+            o += astride;
+        }
+    }
+}
+
+struct WgradItem {
+    int64_t s0, s1, d0, d1, g, c0, c1, ob0, ob1;
+    explicit WgradItem(const int64_t* it)
+        : s0(it[0]), s1(it[1]), d0(it[2]), d1(it[3]), g(it[4]), c0(it[5]), c1(it[6]),
+          ob0(it[7]), ob1(it[8]) {}
+    int64_t nt() const { return s1 - s0; }
+    int64_t cw() const { return (c1 - c0 + VL - 1) / VL * VL; }
+};
+
+// Scratch layout of an item: x's transform V[a][plane][tile][cw], dy's Y[a][ob][plane][tile][NB].
+struct WgradLayout {
+    int64_t xplanes, vstride, ystride, bstride;
+    WgradLayout(const WinoWgrad* P, const WgradItem& I) {
+        const int64_t NB = P->nv * VL, nd = I.d1 - I.d0;
+        xplanes = nd + P->tg.kd - 1;
+        vstride = spread(xplanes * I.nt() * I.cw());
+        bstride = nd * I.nt() * NB;
+        ystride = spread((I.ob1 - I.ob0) * bstride);
+    }
+};
+
+template <int M, int AX>
+void wgrad_items(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox& box, float* Mbuf,
+                 float* scratch) {
     constexpr int A = F3<M>::A;
     constexpr int NA = AX == 2 ? A * A : A;
-    constexpr int KW = AX == 2 ? 9 : 3;
-    const int nv = (int)P->nv, NB = nv * VL;
-    const int64_t nob = nblocks(P), es = itemsize(P->wdtype), kd = P->kd, cpad = P->cpad;
-    const int64_t G = P->groups, Ach = P->Cin / G, B = P->Cout / G;
-    const int64_t T = kd * KW;
-    alignas(64) float buf[KW * 4 * 16];
-    for (int64_t blk = lo; blk < hi; blk++) {
-        const int64_t g = blk / nob, ob = blk % nob;
-        const int64_t nvalid = std::min<int64_t>(NB, B - ob * NB);
-        float* o = out + (blk - lo) * ublock(P);
-        for (int64_t k = 0; k < kd; k++) {
-            for (int64_t a = 0; a < cpad; a++) {
-                if (a >= Ach) {
-                    for (int p = 0; p < NA; p++)
-                        std::memset(o + ((p * kd + k) * cpad + a) * NB, 0, NB * 4);
-                    continue;
-                }
-                for (int t = 0; t < KW; t++) {
-                    const int64_t tap = k * KW + t, src = P->wflip ? T - 1 - tap : tap;
-                    float* row = buf + t * NB;
-                    convert_run(row, (const char*)P->w + es * (g * P->wgs + src * P->wst +
-                                                               a * P->wsa + ob * NB * P->wsb),
-                                P->wdtype, P->wsb, nvalid);
-                    for (int64_t j = nvalid; j < NB; j++) row[j] = 0.0f;
-                }
-                for (int v = 0; v < nv; v++) {
-                    vf gg[KW], t1[3 * A], u[NA];
-                    for (int t = 0; t < KW; t++) gg[t] = load(buf + t * NB + v * VL);
-                    if (AX == 2) {
-                        // along w: 3 rows of 3 taps -> 3 rows of A points; then along h
-                        for (int j = 0; j < 3; j++) F3<M>::wt(&gg[j * 3], 1, &t1[j * A], 1);
-                        for (int q = 0; q < A; q++) F3<M>::wt(&t1[q], A, &u[q], A);
-                    } else {
-                        F3<M>::wt(gg, 1, u, 1);
+    constexpr int MH = AX == 2 ? M : 1;
+    const TileGeom& T = P->tg;
+    const int64_t G = P->groups, og = P->dy.C / G, cg_ = P->x.C / G, kd = T.kd;
+    const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
+    const int64_t opad = box.nob * NB;               // M's row length
+    const gemm_fn* fns = gemm_table(nv);
+    const int64_t dyoff[3] = {0, 0, 0};
+    Lines LX, LY;
+    for (int64_t it = lo; it < hi; it++) {
+        const WgradItem I(P->items + 9 * it);
+        const WgradLayout lay(P, I);
+        const int64_t nt = I.nt(), cw = I.cw(), nd = I.d1 - I.d0;
+        float* free_ = scratch;
+        free_ += prepare_lines(P->x, T, AX == 2 ? A : 1, kd, I.s0, I.s1, I.d0, I.d1, T.off, LX,
+                               free_);
+        free_ += prepare_lines(P->dy, T, MH, 1, I.s0, I.s1, I.d0, I.d1, dyoff, LY, free_);
+        float* V = free_;
+        free_ += NA * lay.vstride;
+        float* Y = free_;
+        // 1. transforms: x (channels [c0, c1) of the group) and dy (blocks [ob0, ob1))
+        for (int64_t s = I.s0; s < I.s1; s++) {
+            const TileAt t(T, s);
+            for (int64_t p = 0; p < lay.xplanes; p++)
+                input_tile<M, AX>(P->x, T, LX, t.n, I.d0 + T.off[0] + p, t.th, t.tw,
+                                  I.g * cg_ + I.c0, I.g * cg_ + I.c1,
+                                  V + (p * nt + (s - I.s0)) * cw, lay.vstride);
+            const int64_t h0 = AX == 2 ? T.tiles_h[2 * t.th] : 0;
+            const int nh = AX == 2 ? (int)T.tiles_h[2 * t.th + 1] : 1;
+            const int64_t w0 = T.tiles_w[2 * t.tw];
+            const int nw = (int)T.tiles_w[2 * t.tw + 1];
+            const int64_t xw = LY.pixel() * T.dil[2];
+            for (int64_t d = I.d0; d < I.d1; d++) {
+                const float* rows[MH];
+                for (int i = 0; i < MH; i++)
+                    rows[i] = i < nh ? LY.row(t.n, d, h0 + i * T.dil[1]) + w0 * LY.pixel()
+                                     : nullptr;
+                for (int64_t ob = I.ob0; ob < I.ob1; ob++)
+                    for (int v = 0; v < nv; v++) {
+                        const int64_t c = ob * NB + v * VL;
+                        const int nc = (int)std::max<int64_t>(0, std::min<int64_t>(VL, og - c));
+                        float* o = Y + (ob - I.ob0) * lay.bstride +
+                                   ((d - I.d0) * nt + (s - I.s0)) * NB + v * VL;
+                        if (nc == 0) {
+                            for (int a = 0; a < NA; a++) store(o + a * lay.ystride, zero());
+                            continue;
+                        }
+                        dy_vector<M, AX>(rows, I.g * og + c, xw, nw, nc, o, lay.ystride);
                     }
-                    // point a = (w point)*A + (h point), as the data transforms number them
-                    for (int p = 0; p < NA; p++) {
-                        const int a_ = AX == 2 ? (p % A) * A + p / A : p;
-                        store(o + ((a_ * kd + k) * cpad + a) * NB + v * VL, u[p]);
+            }
+        }
+        // 2. M[g][a][k][c][o] += sum over planes and tiles of V[a][plane + k][tile][c] *
+        //    Y[a][ob][plane][tile][o], the reduction over (plane, tile) contiguous
+        const int64_t ncx = I.c1 - I.c0, nct = (ncx + mr - 1) / mr;
+        const float* ar[64];
+        float* cr[64];
+        for (int a = 0; a < NA; a++) {
+            for (int64_t k = 0; k < kd; k++) {
+                const float* Va = V + a * lay.vstride + k * nt * cw;
+                float* Mk = Mbuf + ((((I.g - box.g0) * NA + a) * kd + k) * box.nc - box.c0) * opad -
+                            box.ob0 * NB;
+                for (int64_t ct = 0; ct < nct; ct++) {
+                    const int64_t r0 = tile_start(ct, ncx, nct);
+                    const int rows = (int)(tile_start(ct + 1, ncx, nct) - r0);
+                    const int bmax = gemm_blocks(rows, nv);
+                    for (int64_t ob = I.ob0; ob < I.ob1;) {
+                        const int bk = (int)std::min<int64_t>(bmax, I.ob1 - ob);
+                        const int nvalid = (int)std::min<int64_t>(bk * NB, og - ob * NB);
+                        for (int i = 0; i < rows; i++) {
+                            ar[i] = Va + r0 + i;
+                            cr[i] = Mk + (I.c0 + r0 + i) * opad + ob * NB;
+                        }
+                        fns[(rows - 1) * BMAX + (bk - 1)](nd * nt, ar, cw,
+                                                          Y + a * lay.ystride + (ob - I.ob0) * lay.bstride,
+                                                          lay.bstride, cr, nvalid);
+                        ob += bk;
                     }
                 }
             }
@@ -726,14 +936,210 @@ void weights_blocks(const WinoProblem* P, int64_t lo, int64_t hi, float* out) {
     }
 }
 
+template <int M, int AX>
+struct WgradItems {
+    static void run(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox* box, float* Mbuf,
+                    float* scratch) {
+        wgrad_items<M, AX>(P, lo, hi, *box, Mbuf, scratch);
+    }
+};
+
+// dw[k][th][tw][c][g*og + o] = G^T (sum of the parts of M) G for the box's rows (g, c),
+// numbered over the box, in [lo, hi), and its columns.  Parts are part_stride floats
+// apart, summed in order.
+template <int M, int AX>
+struct WgradFinish {
+    static void run(const WinoWgrad* P, const MBox* box, const float* Mbuf, int64_t parts,
+                    int64_t part_stride, float* dw, int64_t lo, int64_t hi) {
+        constexpr int A = F3<M>::A;
+        constexpr int NA = AX == 2 ? A * A : A;
+        constexpr int KH = AX == 2 ? 3 : 1;
+        const TileGeom& T = P->tg;
+        const int64_t G = P->groups, og = P->dy.C / G, cg_ = P->x.C / G, kd = T.kd;
+        const int64_t O = P->dy.C;
+        const int nv = (int)P->nv, NB = nv * VL;
+        const int64_t opad = box->nob * NB;
+        const int64_t astride = kd * box->nc * opad;   // floats between points
+        const int64_t o0 = box->ob0 * NB, o1 = std::min(og, (box->ob0 + box->nob) * NB);
+        const int64_t taps = KH * 3;
+        vf sums[NA];
+        for (int64_t r = lo; r < hi; r++) {
+            const int64_t gi = r / box->nc, c = box->c0 + r % box->nc, g = box->g0 + gi;
+            if (c >= cg_) continue;
+            for (int64_t k = 0; k < kd; k++) {
+                const float* m = Mbuf + (((gi * NA) * kd + k) * box->nc + c - box->c0) * opad - o0;
+                for (int64_t o = o0; o < o1; o += VL) {
+                    const int nc = (int)std::min<int64_t>(VL, o1 - o);
+                    for (int a = 0; a < NA; a++) {
+                        vf acc = load(m + a * astride + o);
+                        for (int64_t q = 1; q < parts; q++)
+                            acc += load(m + q * part_stride + a * astride + o);
+                        sums[a] = acc;
+                    }
+                    vf res[KH][3];
+                    if (AX == 2) {
+                        vf tmp[3][A];
+                        for (int kw = 0; kw < A; kw++) {
+                            vf gg[3];
+                            F3<M>::dw(&sums[kw * A], 1, gg, 1);
+                            for (int th = 0; th < 3; th++) tmp[th][kw] = gg[th];
+                        }
+                        for (int th = 0; th < 3; th++) F3<M>::dw(&tmp[th][0], 1, &res[th][0], 1);
+                    } else {
+                        F3<M>::dw(sums, 1, &res[0][0], 1);
+                    }
+                    for (int th = 0; th < KH; th++)
+                        for (int tw = 0; tw < 3; tw++) {
+                            float* d = dw + ((k * taps + th * 3 + tw) * cg_ + c) * O + g * og + o;
+                            if (nc == VL) store(d, res[th][tw]);
+                            else store_n(d, res[th][tw], nc);
+                        }
+                }
+            }
+        }
+    }
+};
+
+}  // namespace
+
+int64_t cg_wino_wgrad_scratch(const WinoWgrad* P, int64_t lo, int64_t hi) {
+    const TileGeom& T = P->tg;
+    const int64_t A = T.m + 2, na = num_points(T);
+    const int64_t zero3[3] = {0, 0, 0};
+    int64_t most = 0;
+    for (int64_t it = lo; it < hi; it++) {
+        const WgradItem I(P->items + 9 * it);
+        const WgradLayout lay(P, I);
+        int64_t need = na * (lay.vstride + lay.ystride);
+        need += lines_floats(P->x, T, T.axes == 2 ? A : 1, T.kd, I.s0, I.s1, I.d0, I.d1, T.off);
+        need += lines_floats(P->dy, T, T.axes == 2 ? T.m : 1, 1, I.s0, I.s1, I.d0, I.d1, zero3);
+        most = std::max(most, need);
+    }
+    return most + 64;
+}
+
+void cg_wino_wgrad_run(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox* box, float* M,
+                       float* scratch) {
+    dispatch<WgradItems>(P->tg, P, lo, hi, box, M, scratch);
+}
+
+void cg_wino_wgrad_finish(const WinoWgrad* P, const MBox* box, const float* M, int64_t parts,
+                          int64_t part_stride, float* dw, int64_t lo, int64_t hi) {
+    dispatch<WgradFinish>(P->tg, P, box, M, parts, part_stride, dw, lo, hi);
+}
+
+// ---------------------------------------------------------------------------------------
+// The weight transform of the correlation
+
+namespace {
+
+// Rows a in [a0, a0 + na) x taps [0, T) x columns [0, nvalid) of one block of the
+// weights (element (t, a, b) at src + t*st + a*sa + b*sb, dtype) into buf[a - a0][t][NB]
+// as float32, zeros past nvalid.  float32 weights are read along whichever axis is
+// contiguous: columns as vectors; rows or taps in 8 x 8 blocks, transposed.
+void gather_weights(const char* src, int64_t dtype, int64_t st, int64_t sa, int64_t sb,
+                    int64_t a0, int na, int T, int nvalid, int NB, float* buf) {
+    const int64_t es = itemsize(dtype);
+    auto elem = [&](int64_t t, int64_t a, int64_t b) {
+        return src + es * (t * st + a * sa + b * sb);
+    };
+    for (int i = 0; i < na; i++)
+        for (int t = 0; t < T; t++)
+            for (int b = nvalid; b < NB; b++) buf[(i * T + t) * NB + b] = 0.0f;
+    if (dtype != F32 || sb == 1 || (st != 1 && sa != 1)) {
+        for (int i = 0; i < na; i++)
+            for (int t = 0; t < T; t++)
+                convert_run(buf + (i * T + t) * NB, elem(t, a0 + i, 0), dtype, sb, nvalid);
+        return;
+    }
+    const int b8 = nvalid / 8 * 8;
+    if (st == 1) {
+        // taps contiguous (OIX weights): 8 columns x 8 taps per transpose
+        const int t8 = T / 8 * 8;
+        for (int i = 0; i < na; i++) {
+            float* o = buf + i * T * NB;
+            for (int b = 0; b < b8; b += 8)
+                for (int t = 0; t < t8; t += 8)
+                    transpose8((const float*)elem(t, a0 + i, b), sb, o + t * NB + b, NB);
+            for (int t = 0; t < T; t++)
+                for (int b = (t < t8 ? b8 : 0); b < nvalid; b++)
+                    o[t * NB + b] = *(const float*)elem(t, a0 + i, b);
+        }
+        return;
+    }
+    // rows contiguous (a data gradient's XIO weights): 8 columns x 8 rows per transpose
+    const int i8 = na / 8 * 8;
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < i8; i += 8)
+            for (int b = 0; b < b8; b += 8)
+                transpose8((const float*)elem(t, a0 + i, b), sb, buf + (i * T + t) * NB + b,
+                           (int64_t)T * NB);
+        for (int i = 0; i < na; i++)
+            for (int b = (i < i8 ? b8 : 0); b < nvalid; b++)
+                buf[(i * T + t) * NB + b] = *(const float*)elem(t, a0 + i, b);
+    }
+}
+
+// Weight blocks [lo, hi) (k = g*nob + ob) of U, block k at out + (k - lo)*ublock.
+template <int M, int AX>
+struct WeightBlocks {
+    static void run(const WinoProblem* P, int64_t lo, int64_t hi, float* out) {
+        constexpr int A = F3<M>::A;
+        constexpr int NA = AX == 2 ? A * A : A;
+        constexpr int KW = AX == 2 ? 9 : 3;
+        const int nv = (int)P->nv, NB = nv * VL;
+        const int64_t G = P->groups, Ach = P->in.C / G, B = P->Cout / G;
+        const int64_t nob = nblocks(B, nv), es = itemsize(P->wdtype), kd = P->tg.kd;
+        const int64_t cpad = P->cpad;
+        const int T = (int)(kd * KW);
+        // taps in order (flipped: reversed), then the rows 8 at a time
+        static thread_local std::vector<float> buf;
+        buf.resize((size_t)8 * T * NB);
+        for (int64_t blk = lo; blk < hi; blk++) {
+            const int64_t g = blk / nob, ob = blk % nob;
+            const int nvalid = (int)std::min<int64_t>(NB, B - ob * NB);
+            float* o = out + (blk - lo) * ublock(P);
+            const int64_t st = P->wflip ? -P->wst : P->wst;
+            const char* src = (const char*)P->w +
+                              es * (g * P->wgs + ob * NB * P->wsb + (P->wflip ? (T - 1) * P->wst : 0));
+            for (int64_t a0 = 0; a0 < cpad; a0 += 8) {
+                const int na = (int)std::min<int64_t>(8, std::max<int64_t>(0, Ach - a0));
+                if (na > 0)
+                    gather_weights(src, P->wdtype, st, P->wsa, P->wsb, a0, na, T, nvalid, NB,
+                                   buf.data());
+                for (int64_t a = a0; a < std::min(a0 + 8, cpad); a++) {
+                    for (int64_t k = 0; k < kd; k++) {
+                        if (a >= Ach) {
+                            for (int p = 0; p < NA; p++)
+                                std::memset(o + ((p * kd + k) * cpad + a) * NB, 0, NB * 4);
+                            continue;
+                        }
+                        const float* gb = buf.data() + ((a - a0) * T + k * KW) * NB;
+                        for (int v = 0; v < nv; v++) {
+                            vf gg[KW], t1[3 * A], u[NA];
+                            for (int t = 0; t < KW; t++) gg[t] = load(gb + t * NB + v * VL);
+                            if (AX == 2) {
+                                // along w: 3 rows of 3 taps -> 3 rows of A points; then along h
+                                for (int j = 0; j < 3; j++) F3<M>::wt(&gg[j * 3], 1, &t1[j * A], 1);
+                                for (int q = 0; q < A; q++) F3<M>::wt(&t1[q], A, &u[q], A);
+                            } else {
+                                F3<M>::wt(gg, 1, u, 1);
+                            }
+                            // point a = (w point)*A + (h point), as the data transforms
+                            for (int p = 0; p < NA; p++) {
+                                const int a_ = AX == 2 ? (p % A) * A + p / A : p;
+                                store(o + ((a_ * kd + k) * cpad + a) * NB + v * VL, u[p]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+};
+
 }  // namespace
 
 void cg_wino_weights(const WinoProblem* P, int64_t lo, int64_t hi, float* out) {
-    if (P->m == 4) {
-        if (P->axes == 2) weights_blocks<4, 2>(P, lo, hi, out);
-        else weights_blocks<4, 1>(P, lo, hi, out);
-    } else {
-        if (P->axes == 2) weights_blocks<2, 2>(P, lo, hi, out);
-        else weights_blocks<2, 1>(P, lo, hi, out);
-    }
+    dispatch<WeightBlocks>(P->tg, P, lo, hi, out);
 }
