@@ -241,9 +241,15 @@ def test_the_default_build_is_the_widest_this_cpu_runs():
 def test_auto_chooses_the_engine_for_dense_float_problems():
     from convgrad.geometry import make_geometry
     geom = make_geometry("test", **_geometry(2, c=64, o=64, size=56, k=3))
+    strided = make_geometry("test", **_geometry(2, c=64, o=64, size=56, k=3, s=2))
     for op in kernels.OPS:      # (float16 and bfloat16 calls compute in float32)
-        assert kernels.select(op, geom, np.float32).name == "native", op
-        assert kernels.select(op, geom, np.float64).name != "native", op
+        # a 3x3 stride-1 layer: the engine's Winograd kernels; the direct ones for the
+        # smallest error; a strided layer: the direct ones
+        assert kernels.select(op, geom, np.float32).name == "winograd", op
+        with convgrad.config(precision="highest"):
+            assert kernels.select(op, geom, np.float32).name == "native", op
+        assert kernels.select(op, strided, np.float32).name == "native", op
+        assert kernels.select(op, geom, np.float64).name not in ("native", "winograd"), op
 
 
 FALLBACK = r"""

@@ -25,8 +25,10 @@ _algo = contextvars.ContextVar("convgrad_algo", default="auto")
 _workspace = contextvars.ContextVar("convgrad_workspace", default=None)
 _threads = contextvars.ContextVar("convgrad_threads", default=None)
 _isa = contextvars.ContextVar("convgrad_isa", default="auto")
+_precision = contextvars.ContextVar("convgrad_precision", default="default")
 
 ISAS = ("auto", "avx512", "avx2", "generic")
+PRECISIONS = ("default", "highest")
 
 
 def algo() -> str:
@@ -48,6 +50,13 @@ def workspace_bytes() -> int:
     """The workspace budget of the current context, in bytes."""
     value = _workspace.get()
     return default_workspace_bytes() if value is None else value
+
+
+def precision() -> str:
+    """``"default"``: ``algo="auto"`` may choose a fast algorithm whose rounding error
+    stays within a documented bound (Winograd, docs/decisions.md D24); ``"highest"``:
+    only the direct kernels, the smallest error."""
+    return _precision.get()
 
 
 def isa() -> str:
@@ -87,7 +96,7 @@ def _positive_int(name: str, value) -> int:
 
 @contextlib.contextmanager
 def config(*, algo: str | None = None, workspace_bytes: int | None = None,
-           threads: int | None = None, isa: str | None = None):
+           threads: int | None = None, isa: str | None = None, precision: str | None = None):
     """Settings for the calls made inside the block (a context manager).
 
     Parameters
@@ -110,14 +119,21 @@ def config(*, algo: str | None = None, workspace_bytes: int | None = None,
         or ``"auto"`` (default: the best one this CPU runs); forcing a build
         the CPU cannot run makes native-kernel calls raise ``ConvGradError``.
         ``convgrad.kernels.native.info()`` lists what is loaded.
+    precision : {'default', 'highest'}, optional
+        ``"default"``: ``algo="auto"`` may choose Winograd for 3-tap stride-1 layers
+        when it is faster and its estimated relative L2 error stays within
+        ``convgrad.kernels.winograd.ERROR_BOUND`` (1e-5; measured up to about 4x
+        that of direct convolution); ``"highest"``: ``algo="auto"`` keeps the direct
+        kernels, for the smallest error.  A kernel forced with ``algo`` runs
+        either way.
 
     Raises
     ------
     TypeError
         ``algo`` is not a string, or ``threads`` not an integer.
     ValueError
-        ``workspace_bytes`` or ``threads`` is not positive, or ``isa`` is not
-        a known build.
+        ``workspace_bytes`` or ``threads`` is not positive, or ``isa`` or
+        ``precision`` is not a known value.
 
     Examples
     --------
@@ -138,13 +154,16 @@ def config(*, algo: str | None = None, workspace_bytes: int | None = None,
         threads = _positive_int("threads", threads)
     if isa is not None and isa not in ISAS:
         raise ValueError(f"isa must be one of {', '.join(map(repr, ISAS))}, got {isa!r}")
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, "
+                         f"got {precision!r}")
     with contextlib.ExitStack() as stack:
         if threads is not None:
             from threadpoolctl import threadpool_limits
             stack.enter_context(threadpool_limits(limits=threads, user_api="blas"))
         tokens = [(var, var.set(value)) for var, value in
                   ((_algo, algo), (_workspace, workspace_bytes), (_threads, threads),
-                   (_isa, isa))
+                   (_isa, isa), (_precision, precision))
                   if value is not None]
         try:
             yield
@@ -157,7 +176,7 @@ def snapshot() -> dict:
     """The settings of the current context, to re-apply elsewhere with
     :func:`applied` (e.g. in the tasks of a Dask graph built here)."""
     return {"algo": _algo.get(), "workspace_bytes": _workspace.get(), "threads": _threads.get(),
-            "isa": _isa.get()}
+            "isa": _isa.get(), "precision": _precision.get()}
 
 
 @contextlib.contextmanager
@@ -166,7 +185,8 @@ def applied(settings: dict):
     only, not :func:`config`'s process-wide BLAS limit, so tasks running
     concurrently in one process may each enter it."""
     pairs = ((_algo, settings.get("algo")), (_workspace, settings.get("workspace_bytes")),
-             (_threads, settings.get("threads")), (_isa, settings.get("isa")))
+             (_threads, settings.get("threads")), (_isa, settings.get("isa")),
+             (_precision, settings.get("precision")))
     tokens = [(var, var.set(value)) for var, value in pairs if value is not None]
     try:
         yield

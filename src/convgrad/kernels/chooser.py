@@ -2,6 +2,11 @@
 
 Rules, from the measurements in ``benchmarks/`` (float32, 2 threads):
 
+- Winograd (``winograd``) first for 3-tap stride-1 layers where its speed model
+  says it is faster (enough channels per group, images not so small that tiles
+  waste the saving) and its error model stays within the documented bound
+  (``winograd.preferred``), unless ``config(precision="highest")``;
+
 - the native engine (``native``, compiled register-blocked direct convolution)
   first, for every float32/float16/bfloat16 problem it supports, except the
   few-channel groups below; the NumPy/numba kernels are its fallbacks (float64,
@@ -50,8 +55,10 @@ def grid_waste(op: str, geom: ConvGeometry) -> float:
 
 
 def preference(op: str, geom: ConvGeometry) -> list[str]:
+    from . import winograd
+    first = ["winograd"] if winograd.preferred(geom, op) else []
     if geom.groups > 1:
-        return ["direct", "native", "shifted", "im2col"]
+        return first + ["direct", "native", "shifted", "im2col"]
     if op != "wgrad" and grid_waste(op, geom) > WASTE_LIMIT:
-        return ["native", "im2col", "shifted"]
-    return ["native", "shifted", "im2col"]
+        return first + ["native", "im2col", "shifted"]
+    return first + ["native", "shifted", "im2col"]

@@ -166,6 +166,75 @@ def tile_size(geom: ConvGeometry, op: str) -> int:
     return 4 if products(geom, 4, sizes) <= products(geom, 2, sizes) else 2
 
 
+# -- when to use it: error and speed models ------------------------------------------------
+
+ERROR_BOUND = 1e-5
+"""The largest relative L2 error (on standard normal data, against the float64 result)
+``algo="auto"`` accepts from Winograd (docs/decisions.md D24)."""
+
+UNIT_ROUNDOFF = 2.0 ** -24
+# Estimated relative L2 error = UNIT_ROUNDOFF * (a0 + a1 * sqrt(n)): for the forward
+# correlation (fwd, dgrad) n is its reduction length (input channels of a group x
+# taps); for the weight gradient, the positions summed (N x output positions).  Fitted
+# above the errors measured on standard normal data (docs/kernels.md, "Winograd"), by
+# (variant: op family, Winograd axes, m).  tests/test_winograd.py holds every measured
+# error below its estimate.
+ERROR_MODEL = {("corr", 2, 4): (12.0, 1.3), ("corr", 1, 4): (5.0, 0.7),
+               ("corr", 2, 2): (3.0, 0.3), ("corr", 1, 2): (3.0, 0.3),
+               ("wgrad", 2, 4): (24.0, 0.06), ("wgrad", 1, 4): (12.0, 0.04),
+               ("wgrad", 2, 2): (8.0, 0.02), ("wgrad", 1, 2): (8.0, 0.02)}
+
+
+def error_estimate(geom: ConvGeometry, op: str, m: int | None = None) -> float:
+    """The relative L2 error Winograd is expected to reach on this problem at most
+    (standard normal data), from :data:`ERROR_MODEL`."""
+    m = m or tile_size(geom, op)
+    if op == "wgrad":
+        a0, a1 = ERROR_MODEL[("wgrad", axes(geom), m)]
+        n = geom.n * math.prod(geom.out_sizes)
+    else:
+        a0, a1 = ERROR_MODEL[("corr", axes(geom), m)]
+        n = (geom.c if op == "fwd" else geom.o) // geom.groups * math.prod(geom.kernel)
+    return UNIT_ROUNDOFF * (a0 + a1 * math.sqrt(n))
+
+
+# The speed model: work in units of one multiply-add of a GEMM.  A transform costs
+# about TRANSFORM_COST[side] per transformed value (fitted to the measured split of
+# res2's time: input transform 15%, GEMMs 55%, output transform 30%).
+TRANSFORM_COST = {"in": 16.0, "out": 32.0}
+# algo="auto" takes Winograd when the direct kernels' work is at least this many times
+# Winograd's.
+SPEEDUP_MARGIN = 1.15
+
+
+def speedup_estimate(geom: ConvGeometry, op: str) -> float:
+    """Estimated (direct time / Winograd time) of a problem Winograd supports: products
+    per channel pair (outputs x taps, against tiles x transform points) times the
+    channels they meet, plus the transforms' cost per channel."""
+    m = tile_size(geom, op)
+    G = geom.groups
+    cg, og = geom.c // G, geom.o // G
+    a, b = (cg, og) if op != "dgrad" else (og, cg)        # the correlation's in, out
+    direct = geom.n * math.prod(geom.out_sizes if op != "dgrad" else geom.in_sizes) * \
+        math.prod(geom.kernel)
+    sizes = geom.in_sizes if op == "dgrad" else geom.out_sizes
+    wino = products(geom, m, sizes)
+    values = wino // (geom.kernel[0] if geom.spatial_rank == 3 else 1)  # per channel
+    work = wino * a * b + values * (TRANSFORM_COST["in"] * a + TRANSFORM_COST["out"] * b)
+    return direct * a * b / work
+
+
+def preferred(geom: ConvGeometry, op: str) -> bool:
+    """Whether ``algo="auto"`` should try Winograd first: a problem it runs, faster by
+    :data:`SPEEDUP_MARGIN` (:func:`speedup_estimate`), with an estimated error within
+    :data:`ERROR_BOUND`, unless ``config(precision="highest")``."""
+    if settings.precision() == "highest" or axes(geom) is None or geom.flops == 0:
+        return False
+    if error_estimate(geom, op) > ERROR_BOUND:
+        return False
+    return speedup_estimate(geom, op) >= SPEEDUP_MARGIN
+
+
 # -- forward and data gradient: plans -------------------------------------------------------
 
 @dataclass(frozen=True)
