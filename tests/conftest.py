@@ -41,3 +41,27 @@ def peer_library(path, what):
     if os.environ.get("CONVGRAD_REQUIRE_PEERS") == "1":
         raise FileNotFoundError(f"{path}: {what} is missing (CONVGRAD_REQUIRE_PEERS=1)")
     pytest.skip(f"{path} not found: {what}", allow_module_level=True)
+
+
+@pytest.fixture(scope="session")
+def vl16_engine(tmp_path_factory):
+    """The native engine's sources (engine.cpp, winograd.cpp) compiled with 16-float
+    vectors and portable helpers (CG_EMULATE_VL16): the AVX-512 build's tile shapes,
+    tails and register blocks on a CPU without AVX-512."""
+    import glob
+    import shutil
+    import subprocess
+    from convgrad.kernels import native
+    sources = sorted(glob.glob(os.path.join(os.path.dirname(native.__file__), "native",
+                                            "*.cpp")))
+    gxx = shutil.which("g++") or shutil.which("c++")
+    if gxx is None or not sources:
+        if os.environ.get("CONVGRAD_REQUIRE_PEERS") == "1":
+            raise RuntimeError("CI must test the 16-float build: no C++ compiler or source")
+        pytest.skip("no C++ compiler or engine source")
+    out = tmp_path_factory.mktemp("vl16") / "engine_vl16.so"
+    flags = ["-mavx2", "-mfma", "-mf16c"] if "avx2" in native.info()["cpu_features"] else []
+    subprocess.run([gxx, "-std=gnu++17", "-O1", "-ffp-contract=fast", "-fPIC", "-shared",
+                    "-DCG_EMULATE_VL16=1", *flags, "-o", str(out), *sources], check=True,
+                   timeout=600)
+    return native.Engine("avx512", str(out), built_as="vl16")

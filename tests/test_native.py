@@ -6,7 +6,6 @@ weight-gradient modes (long lines cut into chunks, short lines gathered), both
 thread splits; exact padding (D17), determinism, the ISA switch and the fallback
 when no build loads."""
 
-import glob
 import os
 import subprocess
 import sys
@@ -296,23 +295,7 @@ def test_without_a_loadable_build_import_works_and_falls_back():
 # vectors and portable helpers (CG_EMULATE_VL16) it runs anywhere, and checks the
 # AVX-512 build's tile shapes, tails and register blocks.
 
-SOURCES = sorted(glob.glob(os.path.join(os.path.dirname(native.__file__), "native", "*.cpp")))
-
-
-@pytest.fixture(scope="module")
-def vl16_engine(tmp_path_factory):
-    import shutil
-    gxx = shutil.which("g++") or shutil.which("c++")
-    if gxx is None or not SOURCES:
-        if os.environ.get("CONVGRAD_REQUIRE_PEERS") == "1":
-            raise RuntimeError("CI must test the 16-float build: no C++ compiler or source")
-        pytest.skip("no C++ compiler or engine source")
-    out = tmp_path_factory.mktemp("vl16") / "engine_vl16.so"
-    flags = ["-mavx2", "-mfma", "-mf16c"] if "avx2" in native.info()["cpu_features"] else []
-    subprocess.run([gxx, "-std=gnu++17", "-O1", "-ffp-contract=fast", "-fPIC", "-shared",
-                    "-DCG_EMULATE_VL16=1", *flags, "-o", str(out), *SOURCES], check=True,
-                   timeout=600)
-    return native.Engine("avx512", str(out), built_as="vl16")
+# (the vl16_engine fixture, compiled once per test process: conftest.py)
 
 
 @pytest.mark.parametrize("seed", range(10))

@@ -278,7 +278,8 @@ def _register_builtin() -> None:
         register(Kernel("native", op, getattr(native, op), native.supports, priority=40,
                         layout="nxc", converts=True, half_io=True, memory=native.memory))
         register(Kernel("winograd", op, getattr(winograd, op), winograd.supports,
-                        priority=35, layout="nxc", converts=True, half_io=True))
+                        priority=35, layout="nxc", converts=True, half_io=True,
+                        memory=winograd.memory))
         register(Kernel("reference", op, getattr(reference, op), _always, priority=0,
                         memory=_reference_memory))
         register(Kernel("im2col", op, getattr(im2col, op), _always, priority=10,

@@ -160,10 +160,11 @@ def products(geom: ConvGeometry, m: int, out_sizes=None) -> int:
 
 
 def tile_size(geom: ConvGeometry, op: str) -> int:
-    """F(4, 3) unless its tiles waste so much that F(2, 3) multiplies less (small
-    images): the output (fwd) or input (dgrad, wgrad: the x side) sizes decide."""
+    """F(4, 3) when it multiplies less than F(2, 3); its tiles waste the saving on small
+    images (and dilated layers' sub-grids), where F(2, 3) multiplies as little or less
+    and is the more accurate.  The correlation's output sizes decide (dgrad: dx)."""
     sizes = geom.in_sizes if op == "dgrad" else geom.out_sizes
-    return 4 if products(geom, 4, sizes) <= products(geom, 2, sizes) else 2
+    return 4 if products(geom, 4, sizes) < products(geom, 2, sizes) else 2
 
 
 # -- when to use it: error and speed models ------------------------------------------------
@@ -181,7 +182,7 @@ UNIT_ROUNDOFF = 2.0 ** -24
 # error below its estimate.
 ERROR_MODEL = {("corr", 2, 4): (12.0, 1.3), ("corr", 1, 4): (5.0, 0.7),
                ("corr", 2, 2): (3.0, 0.3), ("corr", 1, 2): (3.0, 0.3),
-               ("wgrad", 2, 4): (24.0, 0.06), ("wgrad", 1, 4): (12.0, 0.04),
+               ("wgrad", 2, 4): (30.0, 0.06), ("wgrad", 1, 4): (12.0, 0.04),
                ("wgrad", 2, 2): (8.0, 0.02), ("wgrad", 1, 2): (8.0, 0.02)}
 
 
@@ -423,6 +424,87 @@ def _run_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
         native.recompute_lines(kind, inp, w, out, geom, np.flatnonzero(bad))
     del prob
     return out
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+def _dummy_source(sizes, channels: int, packed: bool) -> _Source:
+    """A source with channels-last strides and no data: what the scratch functions
+    need (float16 stands for any view the kernels convert)."""
+    sizes = native._pad3(sizes, 1)
+    st = [math.prod(sizes) * channels, sizes[1] * sizes[2] * channels, sizes[2] * channels,
+          channels, 1]
+    return _Source(native._Tensor(None, 1 if packed else 0, (_I64 * 5)(*st)),
+                   (_I64 * 3)(*sizes), channels)
+
+
+def workspace(geom: ConvGeometry, op: str, packed_in: bool = True,
+              buffered_out: bool = True) -> dict[str, int]:
+    """An upper bound of the kernels' temporary memory for one call, by part: the
+    per-thread scratch (an item's transformed tiles, products, converted input lines
+    when ``packed_in``, a buffered output when ``buffered_out``), the shared
+    transformed weights or input (fwd, dgrad) or partial sums (wgrad).  Nothing
+    proportional to a whole data tensor: shared parts are bounded by the workspace
+    budget (``settings.workspace_bytes() / 4``), per-thread parts by constants."""
+    eng = native.engine()
+    lib = _lib(eng)
+    threads = native._threads(geom.flops)
+    m = tile_size(geom, op)
+    if op == "wgrad":
+        plan = wgrad_plan(geom, eng.vl, m, _wgrad_budgets())
+        prob = _WinoWgrad(_dummy_source(geom.in_sizes, geom.c, packed_in),
+                          _dummy_source(geom.out_sizes, geom.o, packed_in), geom.groups,
+                          _tile_geom(plan), plan.cpad, plan.nv, plan.items.ctypes.data)
+        pp = ctypes.addressof(prob)
+        per = max(int(lib.cg_wino_wgrad_scratch(pp, t[0], t[1])) for t in plan.tasks)
+        parts = {"per-thread scratch": threads * 4 * (per + (0 if plan.parts else
+                                                            plan.box_floats))}
+        if plan.parts:
+            parts["partial sums"] = 4 * plan.parts * plan.box_floats
+        return parts
+    plan = corr_plan(geom, op, eng.vl, _mr_of(eng), m, _budgets())
+    lout_n = geom.n * math.prod(plan.lout[:2])
+    out = _dummy_source(plan.lout, plan.cout, False)
+    prob = _Wino(_dummy_source(plan.lin, plan.cin, packed_in), None, out.t.stride,
+                 1 if buffered_out else 0, (_I64 * 3)(*plan.lout), plan.cout, plan.groups,
+                 _tile_geom(plan), 1 if plan.regime == "tiles" else None, None, 0, 0, 0, 0, 0,
+                 0, plan.cpad, plan.nv, None if plan.regime == "tiles" else 1, 0, 0, 0, 0,
+                 plan.items.ctypes.data, None)
+    pp = ctypes.addressof(prob)
+    per = int(lib.cg_wino_scratch(pp, 0, len(plan.items)))
+    parts = {"bad-line flags": lout_n}
+    if plan.regime == "tiles":
+        parts["transformed weights"] = 4 * plan.u_floats
+    else:
+        for s0, s1, d0, d1 in plan.groups_of_tiles:
+            prob.vs0, prob.vs1, prob.vd0, prob.vd1 = s0, s1, d0, d1
+            per = max(per, int(lib.cg_wino_input_scratch(pp, s0, s1)))
+        parts["transformed input"] = 4 * max(plan.v_floats)
+    parts["per-thread scratch"] = threads * 4 * per
+    return parts
+
+
+def memory(call) -> dict[str, int]:
+    """The registry's memory estimate (kernels.Call): no input copies (inputs are read
+    in place or converted a block of lines at a time), the float32 result when the
+    caller keeps another, and :func:`workspace`."""
+    from . import ROLES
+    f32 = np.dtype(np.float32)
+    parts = {}
+    if call.op == "wgrad":
+        layout = "nxc"
+        ins = (call.a, call.b)
+    else:
+        data = call.a if call.op == "fwd" else call.b
+        layout = "nxc" if "nxc" in data.layouts or "ncx" not in data.layouts else "ncx"
+        ins = (data,)
+    direct = call.op != "wgrad" and call.direct_result and call.out.dtype in native.DTYPE_CODES
+    if (call.out.dtype != f32 and not direct) or layout not in call.out.layouts:
+        parts[f"{ROLES[call.op][2]} before the caller's copy"] = call.out.size * 4
+    packed = any(t.dtype != f32 or "nxc" not in t.layouts for t in ins)
+    buffered = call.op != "wgrad" and (layout != "nxc" or (direct and call.out.dtype != f32))
+    parts.update(workspace(call.geom, call.op, packed, buffered))
+    return parts
 
 
 def _mr_of(eng) -> tuple:

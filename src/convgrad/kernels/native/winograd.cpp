@@ -334,36 +334,43 @@ struct TileAt {
 };
 
 // The lines of a source a block of tiles reads: in place (float32, unit channel stride),
-// or converted into scratch (sorted keys (n*L0 + d)*L1 + h, each line all its pixels
-// and channels).
+// or converted into scratch (sorted keys (n*L0 + d)*L1 + h; of each line, the pixels
+// [w0, w1) the tiles read, all channels).
 struct Lines {
     const Source* S = nullptr;
     bool packed = false;
     std::vector<int64_t> keys;
+    int64_t w0 = 0, w1 = 0;
     const float* buf = nullptr;
 
-    // line (n, d, h) at pixel 0, channel 0
+    // line (n, d, h) at pixel 0, channel 0 (packed: the pixels before w0 are not there)
     const float* row(int64_t n, int64_t d, int64_t h) const {
         if (!packed) return (const float*)at(S->t, n, d, h, 0, 0);
         const int64_t key = (n * S->L[0] + d) * S->L[1] + h;
         const auto it = std::lower_bound(keys.begin(), keys.end(), key);
-        return buf + (it - keys.begin()) * S->L[2] * S->C;
+        return buf + ((it - keys.begin()) * (w1 - w0) - w0) * S->C;
     }
     int64_t pixel() const { return packed ? S->C : S->t.stride[3]; }
 };
 
 // The lines of S that tiles [s0, s1) x output planes [d0, d1) read: rows j*dil[1] + off[1]
-// (j < rows) from each tile row's first output, planes d + off[0] + k (k < depth taps).
-void tile_keys(const Source& S, const TileGeom& T, int64_t rows, int64_t depth, int64_t s0,
-               int64_t s1, int64_t d0, int64_t d1, const int64_t* off,
-               std::vector<int64_t>& keys) {
+// (j < rows) from each tile row's first output, planes d + off[0] + k (k < depth taps);
+// columns [w0, w1): cols*dil[2] from each tile's first output + off[2].
+void tile_keys(const Source& S, const TileGeom& T, int64_t rows, int64_t cols, int64_t depth,
+               int64_t s0, int64_t s1, int64_t d0, int64_t d1, const int64_t* off,
+               std::vector<int64_t>& keys, int64_t& w0, int64_t& w1) {
     keys.clear();
     int64_t last = -1;
+    w0 = S.L[2];
+    w1 = 0;
     for (int64_t s = s0; s < s1; s++) {
+        const TileAt at_(T, s);
+        const int64_t a = T.tiles_w[2 * at_.tw] + off[2];
+        w0 = std::min(w0, std::max<int64_t>(0, a));
+        w1 = std::max(w1, std::min<int64_t>(S.L[2], a + (cols - 1) * T.dil[2] + 1));
         const int64_t tr = s / T.ntw;            // n * nth + tile row
         if (tr == last) continue;
         last = tr;
-        const TileAt at_(T, s);
         for (int64_t pd = d0 + off[0]; pd < d1 - 1 + off[0] + depth; pd++) {
             if (pd < 0 || pd >= S.L[0]) continue;
             for (int64_t j = 0; j < rows; j++) {
@@ -372,30 +379,35 @@ void tile_keys(const Source& S, const TileGeom& T, int64_t rows, int64_t depth, 
             }
         }
     }
+    w1 = std::max(w1, w0);
     std::sort(keys.begin(), keys.end());
     keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
 }
 
 // Prepare the lines (converted into buf unless S is float32 with unit channel stride);
 // returns the floats used.
-int64_t prepare_lines(const Source& S, const TileGeom& T, int64_t rows, int64_t depth,
-                      int64_t s0, int64_t s1, int64_t d0, int64_t d1, const int64_t* off,
-                      Lines& L, float* buf) {
+int64_t prepare_lines(const Source& S, const TileGeom& T, int64_t rows, int64_t cols,
+                      int64_t depth, int64_t s0, int64_t s1, int64_t d0, int64_t d1,
+                      const int64_t* off, Lines& L, float* buf) {
     L.S = &S;
     L.packed = !direct_f32(S.t);
     if (!L.packed) return 0;
-    tile_keys(S, T, rows, depth, s0, s1, d0, d1, off, L.keys);
-    pack_keyed_lines(buf, S.t, L.keys, S.L[0], S.L[1], S.L[2], S.C);
+    tile_keys(S, T, rows, cols, depth, s0, s1, d0, d1, off, L.keys, L.w0, L.w1);
+    Tensor window = S.t;                  // the pixels [w0, w1) of every line
+    window.ptr = (const char*)S.t.ptr + itemsize(S.t.dtype) * L.w0 * S.t.stride[3];
+    pack_keyed_lines(buf, window, L.keys, S.L[0], S.L[1], L.w1 - L.w0, S.C);
     L.buf = buf;
-    return (int64_t)L.keys.size() * S.L[2] * S.C;
+    return (int64_t)L.keys.size() * (L.w1 - L.w0) * S.C;
 }
 
-int64_t lines_floats(const Source& S, const TileGeom& T, int64_t rows, int64_t depth,
-                     int64_t s0, int64_t s1, int64_t d0, int64_t d1, const int64_t* off) {
+int64_t lines_floats(const Source& S, const TileGeom& T, int64_t rows, int64_t cols,
+                     int64_t depth, int64_t s0, int64_t s1, int64_t d0, int64_t d1,
+                     const int64_t* off) {
     if (direct_f32(S.t)) return 0;
     std::vector<int64_t> keys;
-    tile_keys(S, T, rows, depth, s0, s1, d0, d1, off, keys);
-    return (int64_t)keys.size() * S.L[2] * S.C;
+    int64_t w0, w1;
+    tile_keys(S, T, rows, cols, depth, s0, s1, d0, d1, off, keys, w0, w1);
+    return (int64_t)keys.size() * (w1 - w0) * S.C;
 }
 
 // One channel vector of an input tile: row j of the tile at rows[j] (null: a row of
@@ -612,7 +624,7 @@ void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
             vtile0 = s0 - P->vs0;
             vplane0 = d0 - P->vd0;
         } else {
-            free_ += prepare_lines(P->in, T, AX == 2 ? A : 1, T.kd, s0, s1, d0, d1, T.off, L,
+            free_ += prepare_lines(P->in, T, AX == 2 ? A : 1, A, T.kd, s0, s1, d0, d1, T.off, L,
                                    free_);
             float* Vi = free_;
             free_ += lay.floats(T);
@@ -739,8 +751,8 @@ struct InputTiles {
     static void run(const WinoProblem* P, int64_t s0, int64_t s1, float* V, float* scratch) {
         Lines L;
         const TileGeom& T = P->tg;
-        prepare_lines(P->in, T, AX == 2 ? M + 2 : 1, T.kd, s0, s1, P->vd0, P->vd1, T.off, L,
-                      scratch);
+        prepare_lines(P->in, T, AX == 2 ? M + 2 : 1, M + 2, T.kd, s0, s1, P->vd0, P->vd1,
+                      T.off, L, scratch);
         const VLayout lay(T, P->groups, P->cpad, P->vs0, P->vs1, P->vd0, P->vd1);
         transform_tiles<M, AX>(P->in, T, P->groups, P->cpad, L, s0, s1, P->vs0, P->vd0, lay, V);
     }
@@ -757,7 +769,7 @@ int64_t cg_wino_scratch(const WinoProblem* P, int64_t lo, int64_t hi) {
         const int64_t nt = item[1] - item[0];
         int64_t need = 0;
         if (!P->V) {
-            need += lines_floats(P->in, T, T.axes == 2 ? A : 1, T.kd, item[0], item[1],
+            need += lines_floats(P->in, T, T.axes == 2 ? A : 1, A, T.kd, item[0], item[1],
                                  item[2], item[3], T.off);
             need += VLayout(T, P->groups, P->cpad, item[0], item[1], item[2], item[3]).floats(T);
         }
@@ -774,8 +786,8 @@ void cg_wino_run(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
 
 int64_t cg_wino_input_scratch(const WinoProblem* P, int64_t s0, int64_t s1) {
     const TileGeom& T = P->tg;
-    return lines_floats(P->in, T, T.axes == 2 ? T.m + 2 : 1, T.kd, s0, s1, P->vd0, P->vd1,
-                        T.off) + 64;
+    return lines_floats(P->in, T, T.axes == 2 ? T.m + 2 : 1, T.m + 2, T.kd, s0, s1, P->vd0,
+                        P->vd1, T.off) + 64;
 }
 
 // The shared transformed input: tiles [s0, s1) (within [vs0, vs1)) into V.
@@ -867,9 +879,9 @@ void wgrad_items(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox& box, fl
         const WgradLayout lay(P, I);
         const int64_t nt = I.nt(), cw = I.cw(), nd = I.d1 - I.d0;
         float* free_ = scratch;
-        free_ += prepare_lines(P->x, T, AX == 2 ? A : 1, kd, I.s0, I.s1, I.d0, I.d1, T.off, LX,
-                               free_);
-        free_ += prepare_lines(P->dy, T, MH, 1, I.s0, I.s1, I.d0, I.d1, dyoff, LY, free_);
+        free_ += prepare_lines(P->x, T, AX == 2 ? A : 1, A, kd, I.s0, I.s1, I.d0, I.d1, T.off,
+                               LX, free_);
+        free_ += prepare_lines(P->dy, T, MH, M, 1, I.s0, I.s1, I.d0, I.d1, dyoff, LY, free_);
         float* V = free_;
         free_ += NA * lay.vstride;
         float* Y = free_;
@@ -1011,8 +1023,9 @@ int64_t cg_wino_wgrad_scratch(const WinoWgrad* P, int64_t lo, int64_t hi) {
         const WgradItem I(P->items + 9 * it);
         const WgradLayout lay(P, I);
         int64_t need = na * (lay.vstride + lay.ystride);
-        need += lines_floats(P->x, T, T.axes == 2 ? A : 1, T.kd, I.s0, I.s1, I.d0, I.d1, T.off);
-        need += lines_floats(P->dy, T, T.axes == 2 ? T.m : 1, 1, I.s0, I.s1, I.d0, I.d1, zero3);
+        need += lines_floats(P->x, T, T.axes == 2 ? A : 1, A, T.kd, I.s0, I.s1, I.d0, I.d1, T.off);
+        need += lines_floats(P->dy, T, T.axes == 2 ? T.m : 1, T.m, 1, I.s0, I.s1, I.d0, I.d1,
+                             zero3);
         most = std::max(most, need);
     }
     return most + 64;

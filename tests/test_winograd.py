@@ -1,0 +1,403 @@
+"""Winograd kernels (kernels/winograd.py, native/winograd.cpp) on every instruction-set
+build this CPU runs and on the AVX-512 build's logic, against the independent naive
+float64 reference (tests/naive.py): 1-D, 2-D and 3-D 3-tap stride-1 problems with any
+dilation, asymmetric and large pads, groups, channel tails, F(4, 3) and F(2, 3), both
+work decompositions of each op, float32/float16/bfloat16, channels-first and -last
+callers; NaN/Inf semantics equal to the direct engine's (D17); results independent of
+the thread count (D19); the error bound the chooser keeps (D24) and the model behind
+it; the chooser and ``config(precision=...)``."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+import convgrad
+from convgrad import kernels
+from convgrad.dtypes import bfloat16
+from convgrad.geometry import make_geometry
+from convgrad.kernels import native, winograd
+
+import naive
+from conftest import assert_close
+
+if native.available() is not None:
+    if os.environ.get("CONVGRAD_REQUIRE_PEERS") == "1":     # CI: the engine must build
+        raise RuntimeError(f"the native engine is not available: {native.available()}")
+    pytest.skip(f"native engine unavailable: {native.available()}", allow_module_level=True)
+
+ISAS = native.info()["loaded"]
+
+
+def geometry(r, *, n=2, c=8, o=12, size=9, kd=3, d=1, pb=1, pe=1, groups=1):
+    """A Winograd problem: 3 taps along the last (1-D) or last two axes, kd along depth."""
+    sizes = (size,) * r if isinstance(size, int) else tuple(size)
+    dil = (d,) * r if isinstance(d, int) else tuple(d)
+    if r == 3:
+        dil = (1,) + dil[1:]
+    kernel = ((kd,) if r == 3 else ()) + (3,) * min(r, 2)
+    pbs = (pb,) * r if isinstance(pb, int) else tuple(pb)
+    pes = (pe,) * r if isinstance(pe, int) else tuple(pe)
+    out = tuple(L + b + e - (k - 1) * dd for L, b, e, k, dd in zip(sizes, pbs, pes, kernel, dil))
+    return dict(n=n, c=c, o=o, groups=groups, in_sizes=sizes, kernel=kernel, out_sizes=out,
+                strides=(1,) * r, dilations=dil, pads_begin=pbs, pads_end=pes)
+
+
+def random_case(seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    r = int(rng.integers(1, 4))
+    groups = int(rng.choice([1, 1, 2, 3]))
+    d = tuple(int(v) for v in rng.integers(1, 5, r))
+    kd = int(rng.integers(1, 4))
+    top = {1: 60, 2: 19, 3: 8}[r]
+    pb = tuple(int(v) for v in rng.integers(0, 5, r))
+    pe = tuple(int(v) for v in rng.integers(0, 5, r))
+    sizes = []
+    for i in range(r):
+        k = kd if (r == 3 and i == 0) else 3
+        ke = (k - 1) * (1 if (r == 3 and i == 0) else d[i]) + 1
+        lo = max(1, ke - pb[i] - pe[i])
+        sizes.append(int(rng.integers(lo, max(lo, top) + 1)))
+    return geometry(r, n=int(rng.integers(1, 3)), c=int(rng.integers(1, 20)) * groups,
+                    o=int(rng.integers(1, 36)) * groups, size=sizes, kd=kd, d=d, pb=pb, pe=pe,
+                    groups=groups)
+
+
+def make_arrays(case, rng, dtype=np.float32, channels_last=False):
+    def data(n, c, sizes):
+        a = rng.standard_normal((n, *sizes, c)).astype(dtype)
+        return np.moveaxis(a, -1, 1) if channels_last else np.ascontiguousarray(
+            np.moveaxis(a, -1, 1))
+    x = data(case["n"], case["c"], case["in_sizes"])
+    dy = data(case["n"], case["o"], case["out_sizes"])
+    w = rng.standard_normal((case["o"], case["c"] // case["groups"], *case["kernel"]))
+    if channels_last:       # XIO weights, as oneDNN / TensorFlow callers hold them
+        w = np.moveaxis(np.moveaxis(np.ascontiguousarray(
+            np.moveaxis(np.moveaxis(w, 0, -1), 0, -2)), -2, 0), -1, 0)
+    return x, w.astype(dtype), dy
+
+
+def attrs(case):
+    return {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+
+
+def three(case, x, w, dy):
+    kw = attrs(case)
+    return (convgrad.conv_forward(x, w, **kw), convgrad.conv_weight_grad(x, dy, w.shape, **kw),
+            convgrad.conv_data_grad(w, dy, x.shape, **kw))
+
+
+def check(case, rng, *, dtype=np.float32, channels_last=False, isa="auto", threads=None):
+    x, w, dy = make_arrays(case, rng, dtype, channels_last)
+    args = dict(strides=case["strides"], dilations=case["dilations"],
+                pads_begin=case["pads_begin"], groups=case["groups"])
+    x64, w64, dy64 = (np.asarray(a, np.float64) for a in (x, w, dy))
+    want = (naive.forward(x64, w64, case["out_sizes"], **args),
+            naive.wgrad(x64, dy64, case["kernel"], **args),
+            naive.dgrad(w64, dy64, case["in_sizes"], **args))
+    with convgrad.config(algo="winograd", isa=isa, threads=threads):
+        got = three(case, x, w, dy)
+    for g, e in zip(got, want):
+        assert g.dtype == np.dtype(dtype)
+        assert_close(g, e, dtype)
+    return got
+
+
+@pytest.fixture(params=[4, 2], ids=["F4", "F2"])
+def tile(request, monkeypatch):
+    """Both tile sizes, whatever the chooser would take."""
+    monkeypatch.setattr(winograd, "tile_size", lambda geom, op: request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("seed", range(12))
+def test_every_build_matches_the_naive_reference(isa, seed, tile, rng):
+    check(random_case(seed), rng, isa=isa, channels_last=seed % 2 == 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("seed", range(3))
+def test_half_inputs_and_results(dtype, seed, rng):
+    check(random_case(40 + seed), rng, dtype=dtype, channels_last=seed % 2 == 1)
+
+
+# Shapes at the edges of the tiling: tiles wider than the image, dilations wider than the
+# image (every tile a single output), pads past the kernel's reach (tiles of padding
+# only), channel counts that leave tails in every vector and block, depth taps larger
+# than the depth.
+STRUCTURAL = {
+    "tiny-image": geometry(2, c=5, o=7, size=2),
+    "dilation-past-the-image": geometry(2, c=9, o=17, size=(6, 7), d=8, pb=8, pe=8),
+    "padding-only-tiles": geometry(1, c=3, o=5, size=4, d=2, pb=9, pe=7),
+    "channel-tails": geometry(2, c=19, o=37, size=13, pb=(0, 2), pe=(3, 1)),
+    "deep-3d": geometry(3, c=6, o=10, size=(3, 7, 6), kd=3, d=(1, 2, 1), pb=(2, 1, 0)),
+    "grouped-1d": geometry(1, c=12, o=30, size=41, d=3, pb=3, pe=3, groups=3),
+    "many-blocks": geometry(2, n=1, c=40, o=100, size=(10, 11)),
+}
+
+
+@pytest.mark.parametrize("name", STRUCTURAL)
+def test_structural_cases(name, tile, rng):
+    check(STRUCTURAL[name], rng, channels_last=True)
+    check(STRUCTURAL[name], rng)
+
+
+def test_every_work_decomposition_agrees(rng, monkeypatch):
+    """Forward / data: weights transformed once and shared, or the input transformed once
+    per group of tiles (one group, several) with each block transforming its weights;
+    weight gradient: partial sums per chunk of tiles, or boxes of channels."""
+    case = geometry(2, n=2, c=20, o=36, size=(14, 11), d=(1, 2))
+    x, w, dy = make_arrays(case, rng)
+    with convgrad.config(algo="reference"):
+        want = three(case, x, w, dy)
+    eng = native.engine()
+    for shared_u, shared_v, partials, box in ((2**30, 2**30, 2**30, 2**30),
+                                              (0, 2**30, 0, 2**30), (0, 2**12, 0, 2**12)):
+        monkeypatch.setattr(winograd, "SHARED_U_BYTES", shared_u)
+        monkeypatch.setattr(winograd, "SHARED_V_BYTES", shared_v)
+        monkeypatch.setattr(winograd, "PARTIALS_BYTES", partials)
+        monkeypatch.setattr(winograd, "WGRAD_BOX_BYTES", box)
+        monkeypatch.setattr(winograd, "ITEM_TILES", 7)
+        geom = make_geometry("t", **case)
+        for op in ("fwd", "dgrad"):
+            plan = winograd.corr_plan(geom, op, eng.vl, winograd._mr_of(eng), 4,
+                                      winograd._budgets())
+            assert plan.regime == ("tiles" if shared_u else "weights")
+            if not shared_u:
+                assert (len(plan.groups_of_tiles) > 1) == (shared_v < 2**20)
+        plan = winograd.wgrad_plan(geom, eng.vl, 4, winograd._wgrad_budgets())
+        assert (plan.parts > 0) == (partials > 0)
+        with convgrad.config(algo="winograd"):
+            got = three(case, x, w, dy)
+        for g, e in zip(got, want):
+            assert_close(g, e, np.float32)
+
+
+def test_results_do_not_depend_on_the_thread_count(rng, monkeypatch):
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    cases = [geometry(2, n=3, c=24, o=40, size=23), geometry(3, n=1, c=8, o=16, size=(6, 9, 9)),
+             geometry(1, n=4, c=16, o=24, size=200, d=4, pb=4, pe=4)]
+    for partials in (2**30, 0):           # weight gradient: chunks of tiles, or boxes
+        monkeypatch.setattr(winograd, "PARTIALS_BYTES", partials)
+        for case in cases:
+            x, w, dy = make_arrays(case, rng, channels_last=True)
+            runs = []
+            for threads in (1, 2, 3, 1):
+                with convgrad.config(algo="winograd", threads=threads):
+                    runs.append(three(case, x, w, dy))
+            for other in runs[1:]:
+                for a, b in zip(runs[0], other):
+                    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("where", ["interior", "border", "weights", "inf"])
+def test_nan_and_inf_reach_exactly_the_outputs_the_direct_kernels_give(where, rng):
+    """The transforms mix a tile's inputs and a filter's taps; the lines where a non-finite
+    value came out are computed again by the direct engine, so NaN and Inf reach exactly
+    the outputs D17 says (and finite outputs stay Winograd's)."""
+    case = geometry(2, n=2, c=6, o=9, size=(10, 13), pb=(1, 2), pe=(2, 1))
+    x, w, dy = make_arrays(case, rng)
+    if where == "interior":
+        x[0, 2, 5, 6] = np.nan
+        dy[1, 3, 4, 4] = np.nan
+    elif where == "border":
+        x[1, 0, 0, 12] = np.nan
+        dy[0, 8, 10, 0] = np.nan
+    elif where == "weights":
+        w[3, 2, 0, 2] = np.nan                # a tap that reads padding at some borders
+    else:
+        x[0, 1, 7, 3] = np.inf
+        x[1, 4, 2, 2] = -np.inf
+        dy[0, 5, 6, 7] = np.inf
+    with convgrad.config(algo="native"):
+        want = three(case, x, w, dy)
+    with convgrad.config(algo="winograd"):
+        got = three(case, x, w, dy)
+    for g, e in zip(got, want):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(e))
+        np.testing.assert_array_equal(np.isinf(g), np.isinf(e))
+        np.testing.assert_array_equal(np.signbit(g[np.isinf(g)]), np.signbit(e[np.isinf(e)]))
+        fin = np.isfinite(e)
+        assert fin.any()
+        assert_close(g[fin], e[fin], np.float32)
+
+
+def test_recompute_lines_touches_only_those_lines(rng):
+    case = geometry(2, n=2, c=5, o=7, size=9)
+    x, w, _ = make_arrays(case, rng, channels_last=True)
+    geom = make_geometry("t", **case)
+    xv, wv = np.moveaxis(x, 1, -1), np.moveaxis(np.moveaxis(w, 0, -1), 0, -2)
+    out = np.full((2, 9, 9, 7), 7.0, np.float32)
+    native.recompute_lines("fwd", xv, wv, out, geom, np.array([1, 2, 9 + 4]))
+    want = native.fwd(xv, wv, geom)
+    flat, wflat = out.reshape(18, 9, 7), want.reshape(18, 9, 7)
+    for line in range(18):
+        if line in (1, 2, 13):
+            np.testing.assert_array_equal(flat[line], wflat[line])
+        else:
+            assert (flat[line] == 7.0).all()
+
+
+# -- accuracy: the bound the chooser keeps (docs/decisions.md D24) -----------------------------
+
+def suite_rows():
+    """The suite's 3-tap stride-1 layers with their channels, dilations and pads; batch 1
+    and 3-D size 24 (float64 references of the full sizes take minutes)."""
+    from convgrad.bench.harness import load_suite
+    for layer in load_suite():
+        if layer.groups != 1 or any(s != 1 for s in layer.strides):
+            continue
+        sizes = tuple(min(s, 24) for s in layer.s) if len(layer.s) == 3 else layer.s
+        case = geometry(len(sizes), n=1, c=layer.c, o=layer.o, size=sizes, d=layer.dilations,
+                        pb=layer.pads_begin, pe=layer.pads_end)
+        if tuple(case["kernel"]) == tuple(layer.k):
+            yield layer.name, case
+
+
+def _rel_l2(got, want) -> float:
+    return float(np.linalg.norm((np.asarray(got, np.float64) - want).ravel())
+                 / np.linalg.norm(want.ravel()))
+
+
+@pytest.mark.parametrize("name,case", list(suite_rows()), ids=lambda v: v if isinstance(v, str)
+                         else "")
+def test_suite_rows_stay_within_the_error_bound(name, case, rng):
+    """Every Winograd variant the chooser may take for a suite row (both tile sizes)
+    stays within ERROR_BOUND and within its own estimate, on standard normal data."""
+    x, w, dy = make_arrays(case, rng, channels_last=True)
+    with convgrad.config(algo="reference"):
+        want = three(case, x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
+    geom = make_geometry("t", **case)
+    for m in (4, 2):
+        original = winograd.tile_size
+        winograd.tile_size = lambda g, op, m=m: m
+        try:
+            with convgrad.config(algo="winograd"):
+                got = three(case, x, w, dy)
+            for op, g, e in zip(("fwd", "wgrad", "dgrad"), got, want):
+                err = _rel_l2(g, e)
+                assert err <= winograd.error_estimate(geom, op, m) <= winograd.ERROR_BOUND, (
+                    name, op, m, err)
+        finally:
+            winograd.tile_size = original
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_error_model_bounds_measured_errors(seed):
+    """Random channel counts up to 1024 (the error grows like the square root of the
+    reduction length), every rank and tile size: measured <= estimated."""
+    rng = np.random.default_rng(seed)
+    r = 1 + seed % 3
+    c = int(rng.choice([3, 40, 300, 1024]))
+    case = geometry(r, n=1, c=c, o=int(rng.integers(4, 20)),
+                    size={1: 70, 2: (9, 10), 3: (4, 5, 6)}[r], kd=int(rng.integers(1, 4)))
+    x, w, dy = make_arrays(case, rng)
+    with convgrad.config(algo="reference"):
+        want = three(case, x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
+    geom = make_geometry("t", **case)
+    for m in (4, 2):
+        original = winograd.tile_size
+        winograd.tile_size = lambda g, op, m=m: m
+        try:
+            with convgrad.config(algo="winograd"):
+                got = three(case, x, w, dy)
+        finally:
+            winograd.tile_size = original
+        for op, g, e in zip(("fwd", "wgrad", "dgrad"), got, want):
+            assert _rel_l2(g, e) <= winograd.error_estimate(geom, op, m), (case, op, m)
+
+
+# -- the chooser and the accuracy switch ------------------------------------------------------
+
+def test_the_chooser_takes_winograd_where_it_pays_and_stays_within_the_bound():
+    res2 = make_geometry("t", **geometry(2, n=8, c=64, o=64, size=56))
+    few = make_geometry("t", **geometry(2, n=8, c=4, o=4, size=56))
+    deep = make_geometry("t", **geometry(3, n=1, c=2048, o=64, size=8))
+    strided = dict(geometry(2, n=8, c=64, o=64, size=56), strides=(2, 2), out_sizes=(28, 28))
+    for op in kernels.OPS:
+        assert kernels.select(op, res2, np.float32).name == "winograd", op
+        with convgrad.config(precision="highest"):
+            assert kernels.select(op, res2, np.float32).name == "native", op
+        # few channels: the transforms cost more than the products save
+        assert winograd.speedup_estimate(few, op) < winograd.SPEEDUP_MARGIN
+        assert kernels.select(op, few, np.float32).name != "winograd", op
+        assert kernels.select(op, make_geometry("t", **strided), np.float32).name != "winograd"
+        assert kernels.select(op, res2, np.float64).name != "winograd", op
+    # a reduction so long that F(4x4)'s error could pass the bound
+    assert winograd.error_estimate(deep, "fwd") > winograd.ERROR_BOUND
+    assert kernels.select("fwd", deep, np.float32).name != "winograd"
+
+
+def test_small_images_take_the_smaller_tile():
+    """4x4 tiles on a 2x2 image compute 16 outputs for 4 (36 products against 16 for a
+    2x2 tile); on 6x6, 4 tiles of 4x4 multiply as much as 9 of 2x2 (144 products), and
+    the more accurate F(2, 3) is taken; 7x7 (res5) and 56x56 keep F(4, 3)."""
+    def g(size):
+        return make_geometry("t", **geometry(2, n=1, c=64, o=64, size=size))
+    assert winograd.products(g(2), 2) < winograd.products(g(2), 4)
+    assert winograd.products(g(6), 2) == winograd.products(g(6), 4) == 144
+    assert [winograd.tile_size(g(s), "fwd") for s in (2, 6, 7, 56)] == [2, 2, 4, 4]
+
+
+def test_precision_setting():
+    assert convgrad.settings.precision() == "default"
+    with convgrad.config(precision="highest"):
+        assert convgrad.settings.precision() == "highest"
+        assert convgrad.settings.snapshot()["precision"] == "highest"
+    assert convgrad.settings.precision() == "default"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        with convgrad.config(precision="fast"):
+            pass
+
+
+def test_a_forced_winograd_explains_what_it_cannot_run():
+    with convgrad.config(algo="winograd"):
+        with pytest.raises(convgrad.ConvGradError, match="stride 1 only"):
+            convgrad.conv_forward(np.ones((1, 2, 8, 8), np.float32),
+                                  np.ones((3, 2, 3, 3), np.float32), strides=[2, 2])
+        with pytest.raises(convgrad.ConvGradError, match="3 taps"):
+            convgrad.conv_forward(np.ones((1, 2, 8, 8), np.float32),
+                                  np.ones((3, 2, 5, 5), np.float32))
+
+
+def test_memory_stays_within_the_workspace_budget():
+    """Shared parts (transformed weights or input, partial sums) are bounded by a
+    quarter of the workspace budget; nothing is proportional to a data tensor."""
+    geom = make_geometry("t", **geometry(2, n=64, c=64, o=64, size=64))
+    data = 4 * 64 * 64 * 64 * 64
+    for budget in (2**22, 2**26):
+        with convgrad.config(workspace_bytes=budget):
+            for op in kernels.OPS:
+                parts = winograd.workspace(geom, op, False, False)
+                shared = sum(v for k, v in parts.items() if k != "per-thread scratch")
+                assert shared <= budget // 4 + geom.n * 64 * 64, (op, parts)
+                assert sum(parts.values()) < data / 4, (op, parts)
+
+
+# -- the AVX-512 build's logic on any CPU --------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_16_float_build_logic_matches_the_naive_reference(vl16_engine, seed, rng,
+                                                              monkeypatch):
+    assert vl16_engine.vl == 16
+    monkeypatch.setattr(native, "engine", lambda: vl16_engine)
+    monkeypatch.setattr(winograd, "tile_size", lambda geom, op: 4 if seed % 2 else 2)
+    if seed >= 4:
+        monkeypatch.setattr(winograd, "SHARED_U_BYTES", 0)
+        monkeypatch.setattr(winograd, "PARTIALS_BYTES", 0)
+    check(random_case(300 + seed), rng, channels_last=seed % 3 == 0,
+          dtype=(np.float32, np.float32, np.float16, bfloat16)[seed % 4])
+    check(list(STRUCTURAL.values())[seed], rng)
+
+
+def test_tiles_cover_every_output_once():
+    for size in range(1, 40):
+        for d in (1, 2, 3, 6, 8, 50):
+            for m in (2, 4):
+                t = winograd._tiles(size, d, m)
+                covered = sorted(int(u0) + d * i for u0, cnt in t for i in range(cnt))
+                assert covered == list(range(size)), (size, d, m)
+                assert len(t) == sum(math.ceil(len(range(r, size, d)) / m)
+                                     for r in range(min(d, size)))
