@@ -392,6 +392,10 @@ def test_the_16_float_build_logic_matches_the_naive_reference(vl16_engine, seed,
     check(list(STRUCTURAL.values())[seed], rng)
 
 
+def test_python_and_cpp_agree_on_the_weight_chunk():
+    assert winograd._lib(native.engine()).cg_wino_weight_chunk() == winograd.WEIGHT_CHUNK
+
+
 def test_tiles_cover_every_output_once():
     for size in range(1, 40):
         for d in (1, 2, 3, 6, 8, 50):

@@ -54,6 +54,12 @@ SHARED_V_BYTES = 8 * 2**20
 # Output planes (3-D) an item of regime "tiles" covers: its input planes are transformed
 # once for all of them (the depth taps' reach is transformed again by the next item).
 ITEM_PLANES = 4
+# Regime "weights": input channels per chunk of the shared transformed input and of the
+# weights an item transforms at once (native/winograd.cpp: WEIGHT_CHUNK).
+WEIGHT_CHUNK = 64
+# Regime "weights": tiles per item at most (its products stay in L2 next to a chunk of
+# transformed weights; each item transforms the weights of its output block again).
+WEIGHTS_ITEM_TILES = 64
 
 
 class _TileGeom(ctypes.Structure):
@@ -91,6 +97,7 @@ def _lib(eng: native.Engine):
         i64, vp = ctypes.c_int64, ctypes.c_void_p
         for name, res, args in (("cg_wino_points", i64, [i64, i64]),
                                 ("cg_wino_mr", i64, [i64]),
+                                ("cg_wino_weight_chunk", i64, []),
                                 ("cg_wino_scratch", i64, [vp, i64, i64]),
                                 ("cg_wino_run", None, [vp, i64, i64, vp]),
                                 ("cg_wino_input_scratch", i64, [vp, i64, i64]),
@@ -281,7 +288,7 @@ def _corr_geometry(geom: ConvGeometry, kind: str):
 def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
               budgets: tuple) -> CorrPlan:
     """The work decomposition of a Winograd forward / data gradient (pure, cached)."""
-    item_v_bytes, item_tiles, shared_u, shared_v, item_planes = budgets
+    item_v_bytes, item_tiles, shared_u, shared_v, item_planes, weights_tiles = budgets
     ax = axes(geom)
     lin, lout, cin, cout, dil, off = _corr_geometry(geom, kind)
     G = geom.groups
@@ -294,7 +301,7 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
     th = _tiles(lout[1], dil[1], m) if ax == 2 else np.asarray([[0, 1]], np.int64)
     tw = _tiles(lout[2], dil[2], m)
     per_plane = geom.n * len(th) * len(tw)
-    u_floats = G * nob * na * kd * cpad * nb
+    u_floats = G * nob * na * _spread(kd * cpad * nb)
     depth = lout[0]
     items, groups_of_tiles, v_floats = [], [], []
     if u_floats * 4 <= shared_u:
@@ -318,8 +325,12 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
                      for d0 in range(depth) for s0 in range(0, per_plane, tiles_fit)]
         for s0, s1, d0, d1 in spans:
             groups_of_tiles.append((s0, s1, d0, d1))
-            v_floats.append(na * _spread((s1 - s0) * (d1 - d0 + kd - 1) * G * cpad))
-            items += [(s0, s1, d0, d1, k, k + 1) for k in range(G * nob)]
+            kc = min(WEIGHT_CHUNK, cpad)
+            v_floats.append(na * _spread((s1 - s0) * (d1 - d0 + kd - 1) * G * -(-cpad // kc) * kc))
+            cut = -(-(s1 - s0) // weights_tiles)
+            bounds = [s0 + (s1 - s0) * i // cut for i in range(cut + 1)]
+            items += [(a, b, d0, d1, k, k + 1) for k in range(G * nob)
+                      for a, b in zip(bounds, bounds[1:])]
     items = native._i64(items).reshape(-1, 6)
     plan = CorrPlan(ax, m, lin, lout, cin, cout, G, dil, off, kd, kind == "dgrad",
                     th.reshape(-1).copy(), tw.reshape(-1).copy(), nv, cpad, regime,
@@ -337,7 +348,7 @@ def _spread(floats: int) -> int:
 def _budgets() -> tuple:
     w = settings.workspace_bytes()
     return (ITEM_V_BYTES, ITEM_TILES, min(SHARED_U_BYTES, w // 4), min(SHARED_V_BYTES, w // 4),
-            ITEM_PLANES)
+            ITEM_PLANES, WEIGHTS_ITEM_TILES)
 
 
 def _source(a: np.ndarray) -> _Source:

@@ -165,9 +165,9 @@ struct F3<2> {
 
 // ---------------------------------------------------------------------------------------
 // The micro-kernel: C_i[j] = sum_p A_i[p] * B[p*NB + j] for MR rows (A_i = a + i*astride,
-// C_i = c + i*NB), NB = NV*VL columns; C is overwritten.
+// C_i = c + i*NB), NB = NV*VL columns; C is overwritten (ACC: added to).
 
-template <int MR, int NV>
+template <int MR, int NV, bool ACC>
 void wgemm(int64_t np, const float* a, int64_t astride, const float* B, float* c) {
     constexpr int NB = NV * VL;
     vf acc[MR][NV];
@@ -189,7 +189,10 @@ void wgemm(int64_t np, const float* a, int64_t astride, const float* B, float* c
 #pragma GCC unroll 16
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) store(c + i * NB + v * VL, acc[i][v]);
+        for (int v = 0; v < NV; v++) {
+            float* d = c + i * NB + v * VL;
+            store(d, ACC ? load(d) + acc[i][v] : acc[i][v]);
+        }
 }
 
 typedef void (*wgemm_fn)(int64_t, const float*, int64_t, const float*, float*);
@@ -201,23 +204,28 @@ constexpr int WMR[5] = {0, 12, 6, 4, 3};
 #endif
 constexpr int WMR_MAX = WMR[1];
 
-template <int NV, int... R>
+template <int NV, bool ACC, int... R>
 constexpr std::array<wgemm_fn, sizeof...(R)> wgemm_fns_impl(std::integer_sequence<int, R...>) {
-    return {&wgemm<R + 1, NV>...};
+    return {&wgemm<R + 1, NV, ACC>...};
 }
 
-// fns[r - 1]: the micro-kernel of r rows, r <= WMR[nv]
-inline const wgemm_fn* wgemm_table(int nv) {
-    static const auto t1 = wgemm_fns_impl<1>(std::make_integer_sequence<int, WMR[1]>{});
-    static const auto t2 = wgemm_fns_impl<2>(std::make_integer_sequence<int, WMR[2]>{});
-    static const auto t3 = wgemm_fns_impl<3>(std::make_integer_sequence<int, WMR[3]>{});
-    static const auto t4 = wgemm_fns_impl<4>(std::make_integer_sequence<int, WMR[4]>{});
+template <bool ACC>
+const wgemm_fn* wgemm_fns(int nv) {
+    static const auto t1 = wgemm_fns_impl<1, ACC>(std::make_integer_sequence<int, WMR[1]>{});
+    static const auto t2 = wgemm_fns_impl<2, ACC>(std::make_integer_sequence<int, WMR[2]>{});
+    static const auto t3 = wgemm_fns_impl<3, ACC>(std::make_integer_sequence<int, WMR[3]>{});
+    static const auto t4 = wgemm_fns_impl<4, ACC>(std::make_integer_sequence<int, WMR[4]>{});
     switch (nv) {
         case 1: return t1.data();
         case 2: return t2.data();
         case 3: return t3.data();
         default: return t4.data();
     }
+}
+
+// fns[r - 1]: the micro-kernel of r rows, r <= WMR[nv], overwriting (acc: adding to) C
+inline const wgemm_fn* wgemm_table(int nv, bool acc = false) {
+    return acc ? wgemm_fns<true>(nv) : wgemm_fns<false>(nv);
 }
 
 }  // namespace
@@ -252,7 +260,7 @@ struct WinoProblem {
     int64_t Lout[3], Cout, groups;
     TileGeom tg;
     // the weights' blocks (k = g*nob + ob; NB = nv*VL columns): transformed, block k at
-    // U + k*ublock, point a, depth tap t, input channel c at ((a*kd + t)*cpad + c)*NB --
+    // U + k*ublock, point a, depth tap t, input channel c at a*ustride + (t*cpad + c)*NB --
     // or, when U is null, transformed by each item from the source view: tap t (flipped
     // when wflip), row a (input channel), column b of group g at element
     // t*wst + a*wsa + b*wsb + g*wgs of w (dtype wdtype)
@@ -287,6 +295,7 @@ struct WinoWgrad {
 
 int64_t cg_wino_points(int64_t axes, int64_t m) { return axes == 2 ? (m + 2) * (m + 2) : m + 2; }
 int64_t cg_wino_mr(int64_t nv) { return nv >= 1 && nv <= 4 ? WMR[nv] : 0; }
+int64_t cg_wino_weight_chunk(void);
 int64_t cg_wino_scratch(const WinoProblem* P, int64_t lo, int64_t hi);
 void cg_wino_run(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch);
 int64_t cg_wino_input_scratch(const WinoProblem* P, int64_t s0, int64_t s1);
@@ -321,10 +330,21 @@ inline int64_t nblocks(int64_t cout_g, int64_t nv) {
     const int64_t NB = nv * VL;
     return (cout_g + NB - 1) / NB;
 }
-inline int64_t ublock(const WinoProblem* P) {
-    return num_points(P->tg) * P->tg.kd * P->cpad * P->nv * VL;
-}
+// The transformed weights of a block: point a at a*ustride (spread over the cache sets:
+// cpad*NB is a power of two for most layers), depth tap k, channel c at (k*cpad + c)*NB.
+inline int64_t ustride(const WinoProblem* P) { return spread(P->tg.kd * P->cpad * P->nv * VL); }
+inline int64_t ublock(const WinoProblem* P) { return num_points(P->tg) * ustride(P); }
 inline bool direct_out(const WinoProblem* P) { return P->out_dtype == F32 && P->ostride[4] == 1; }
+
+// Input channels of the weights an item transforms at once when they are not shared (the
+// chunk's transformed weights, points x channels x NB, stay in L2 while the GEMMs use them).
+constexpr int64_t WEIGHT_CHUNK = 64;
+
+}  // namespace
+
+int64_t cg_wino_weight_chunk(void) { return WEIGHT_CHUNK; }
+
+namespace {
 
 // Tile s (over n, tile row, tile column) of one plane of tiles.
 struct TileAt {
@@ -558,16 +578,32 @@ inline bool finite_all(vf s) {
 }
 
 // Layout of a transformed input holding tiles [s0, s1) of the input planes of output
-// planes [d0, d1): point a of tile s, plane p, group g at
-// a*astride + (s - s0)*rowlen + g*gplanes + p*cpad.
+// planes [d0, d1): channel j of chunk c (kc channels each) of group g, plane p, tile s,
+// point a at a*astride + p*pstride + g*gstride + c*cstride + (s - s0)*tstride + j.
+// An item's own input: channels of a tile contiguous across chunks, groups and planes
+// (tstride = G*planes*cpad, pstride = cpad: a tile's depth taps and channels are one
+// reduction).  The input shared by the items of the weights regime: a chunk's tiles
+// contiguous (tstride = kc), so that each (point, chunk) of a GEMM is one block.
 struct VLayout {
-    int64_t planes, gplanes, rowlen, astride;
+    int64_t planes, kc, tstride, cstride, gstride, pstride, astride;
     VLayout(const TileGeom& T, int64_t G, int64_t cpad, int64_t s0, int64_t s1, int64_t d0,
-            int64_t d1) {
+            int64_t d1, int64_t chunk = 0) {
         planes = d1 - d0 + T.kd - 1;
-        gplanes = planes * cpad;                           // floats per tile, point, group
-        rowlen = G * gplanes;                              // floats per tile and point
-        astride = spread((s1 - s0) * rowlen);              // floats per point
+        const int64_t nt = s1 - s0;
+        if (chunk <= 0) {
+            kc = cpad;
+            cstride = kc;
+            pstride = cpad;
+            gstride = planes * cpad;
+            tstride = G * gstride;
+        } else {
+            kc = std::min(chunk, cpad);
+            tstride = kc;
+            cstride = nt * kc;
+            gstride = (cpad + kc - 1) / kc * cstride;
+            pstride = G * gstride;
+        }
+        astride = spread(nt * G * planes * ((cpad + kc - 1) / kc * kc));
     }
     int64_t floats(const TileGeom& T) const { return num_points(T) * astride; }
 };
@@ -583,10 +619,13 @@ void transform_tiles(const Source& S, const TileGeom& T, int64_t G, int64_t cpad
         const TileAt t(T, s);
         for (int64_t p = 0; p < lay.planes; p++)
             for (int64_t g = 0; g < G; g++)
-                input_tile<M, AX>(S, T, L, t.n, d0 + T.off[0] + p, t.th, t.tw, g * cg_,
-                                  (g + 1) * cg_,
-                                  V + (s - sbase) * lay.rowlen + g * lay.gplanes + p * cpad,
-                                  lay.astride);
+                for (int64_t c = 0; c < cpad; c += lay.kc)
+                    input_tile<M, AX>(S, T, L, t.n, d0 + T.off[0] + p, t.th, t.tw,
+                                      g * cg_ + std::min(c, cg_),
+                                      g * cg_ + std::min(c + lay.kc, cg_),
+                                      V + p * lay.pstride + g * lay.gstride + c / lay.kc * lay.cstride +
+                                          (s - sbase) * lay.tstride,
+                                      lay.astride);
     }
 }
 
@@ -595,6 +634,120 @@ inline int64_t out_buffer_floats(const WinoProblem* P, int64_t nt) {
     const int64_t mh = P->tg.axes == 2 ? P->tg.m : 1;
     return nt * mh * P->tg.m * P->Cout;
 }
+
+// Rows a in [a0, a0 + na) x taps [0, T) x columns [0, nvalid) of one block of the
+// weights (element (t, a, b) at src + t*st + a*sa + b*sb, dtype) into buf[a - a0][t][NB]
+// as float32, zeros past nvalid.  float32 weights are read along whichever axis is
+// contiguous: columns as vectors; rows or taps in 8 x 8 blocks, transposed.
+void gather_weights(const char* src, int64_t dtype, int64_t st, int64_t sa, int64_t sb,
+                    int64_t a0, int na, int T, int nvalid, int NB, float* buf) {
+    const int64_t es = itemsize(dtype);
+    auto elem = [&](int64_t t, int64_t a, int64_t b) {
+        return src + es * (t * st + a * sa + b * sb);
+    };
+    for (int i = 0; i < na; i++)
+        for (int t = 0; t < T; t++)
+            for (int b = nvalid; b < NB; b++) buf[(i * T + t) * NB + b] = 0.0f;
+    if (dtype != F32 || sb == 1 || (st != 1 && sa != 1)) {
+        for (int i = 0; i < na; i++)
+            for (int t = 0; t < T; t++)
+                convert_run(buf + (i * T + t) * NB, elem(t, a0 + i, 0), dtype, sb, nvalid);
+        return;
+    }
+    const int b8 = nvalid / 8 * 8;
+    if (st == 1) {
+        // taps contiguous (OIX weights): 8 columns x 8 taps per transpose
+        const int t8 = T / 8 * 8;
+        for (int i = 0; i < na; i++) {
+            float* o = buf + i * T * NB;
+            for (int b = 0; b < b8; b += 8)
+                for (int t = 0; t < t8; t += 8)
+                    transpose8((const float*)elem(t, a0 + i, b), sb, o + t * NB + b, NB);
+            for (int t = 0; t < T; t++)
+                for (int b = (t < t8 ? b8 : 0); b < nvalid; b++)
+                    o[t * NB + b] = *(const float*)elem(t, a0 + i, b);
+        }
+        return;
+    }
+    // rows contiguous (a data gradient's XIO weights): 8 columns x 8 rows per transpose
+    const int i8 = na / 8 * 8;
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < i8; i += 8)
+            for (int b = 0; b < b8; b += 8)
+                transpose8((const float*)elem(t, a0 + i, b), sb, buf + (i * T + t) * NB + b,
+                           (int64_t)T * NB);
+        for (int i = 0; i < na; i++)
+            for (int b = (i < i8 ? b8 : 0); b < nvalid; b++)
+                buf[(i * T + t) * NB + b] = *(const float*)elem(t, a0 + i, b);
+    }
+}
+
+// Rows a in [a0, a1) (rows past the group's input channels: zeros) of depth tap k of
+// weight block blk (k = g*nob + ob), transformed: point p at out + p*ostride +
+// (a - a0)*NB.
+template <int M, int AX>
+void transform_weights(const WinoProblem* P, int64_t blk, int64_t k, int64_t a0, int64_t a1,
+                       float* out, int64_t ostride) {
+    constexpr int A = F3<M>::A;
+    constexpr int NA = AX == 2 ? A * A : A;
+    constexpr int KW = AX == 2 ? 9 : 3;
+    const int nv = (int)P->nv, NB = nv * VL;
+    const int64_t G = P->groups, Ach = P->in.C / G, B = P->Cout / G;
+    const int64_t nob = nblocks(B, nv), es = itemsize(P->wdtype);
+    const int64_t T = P->tg.kd * KW;
+    const int64_t g = blk / nob, ob = blk % nob;
+    const int nvalid = (int)std::min<int64_t>(NB, B - ob * NB);
+    // taps in order (flipped: reversed); those of depth tap k
+    const int64_t st = P->wflip ? -P->wst : P->wst;
+    const char* src = (const char*)P->w +
+                      es * (g * P->wgs + ob * NB * P->wsb + (P->wflip ? (T - 1) * P->wst : 0) +
+                            k * KW * st);
+    // the rows gathered once (each source row read in order), then transformed
+    static thread_local std::vector<float> buf;
+    const int64_t ng = std::max<int64_t>(0, std::min(a1, Ach) - a0);
+    buf.resize((size_t)std::max<int64_t>(1, ng) * KW * NB);
+    if (ng > 0)
+        gather_weights(src, P->wdtype, st, P->wsa, P->wsb, a0, (int)ng, KW, nvalid, NB,
+                       buf.data());
+    for (int64_t a = a0; a < a1; a++) {
+        float* o = out + (a - a0) * NB;
+        if (a >= Ach) {
+            for (int p = 0; p < NA; p++) std::memset(o + p * ostride, 0, NB * 4);
+            continue;
+        }
+        const float* gb = buf.data() + (a - a0) * KW * NB;
+        for (int v = 0; v < nv; v++) {
+            vf gg[KW], t1[3 * A], u[NA];
+#pragma GCC unroll 9
+            for (int t = 0; t < KW; t++) gg[t] = load(gb + t * NB + v * VL);
+            if (AX == 2) {
+                // along w: 3 rows of 3 taps -> 3 rows of A points; then along h, point
+                // (w point q)*A + (h point), as the data transforms number them
+#pragma GCC unroll 3
+                for (int j = 0; j < 3; j++) F3<M>::wt(&gg[j * 3], 1, &t1[j * A], 1);
+#pragma GCC unroll 6
+                for (int q = 0; q < A; q++) F3<M>::wt(&t1[q], A, &u[q * A], 1);
+            } else {
+                F3<M>::wt(gg, 1, u, 1);
+            }
+            float* ov = o + v * VL;
+#pragma GCC unroll 36
+            for (int p = 0; p < NA; p++) store(ov + p * ostride, u[p]);
+        }
+    }
+}
+
+// Weight blocks [lo, hi) of U, block k at out + (k - lo)*ublock.
+template <int M, int AX>
+struct WeightBlocks {
+    static void run(const WinoProblem* P, int64_t lo, int64_t hi, float* out) {
+        const int64_t us = ustride(P), NB = P->nv * VL;
+        for (int64_t blk = lo; blk < hi; blk++)
+            for (int64_t k = 0; k < P->tg.kd; k++)
+                transform_weights<M, AX>(P, blk, k, 0, P->cpad,
+                                         out + (blk - lo) * ublock(P) + k * P->cpad * NB, us);
+    }
+};
 
 template <int M, int AX>
 void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
@@ -606,6 +759,7 @@ void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
     const int nv = (int)P->nv, NB = nv * VL, mr = WMR[nv];
     const int64_t nob = nblocks(cout_g, nv), ub = ublock(P);
     const wgemm_fn* fns = wgemm_table(nv);
+    const wgemm_fn* fns_acc = wgemm_table(nv, true);
     const bool dout = direct_out(P);
     Lines L;
     for (int64_t it = lo; it < hi; it++) {
@@ -616,7 +770,8 @@ void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
         // 1. the transformed input: shared, or this item's own
         const float* V;
         int64_t vtile0, vplane0;
-        const VLayout lay = P->V ? VLayout(T, G, P->cpad, P->vs0, P->vs1, P->vd0, P->vd1)
+        const VLayout lay = P->V ? VLayout(T, G, P->cpad, P->vs0, P->vs1, P->vd0, P->vd1,
+                                           WEIGHT_CHUNK)
                                  : VLayout(T, G, P->cpad, s0, s1, d0, d1);
         PROF_START();
         if (P->V) {
@@ -634,35 +789,55 @@ void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
             vplane0 = 0;
         }
         PROF_ADD(0);
-        // 2. the weights: transformed once for all items, or here for blocks [k0, k1)
-        const float* Ub = P->U;
-        if (!P->U) {
-            cg_wino_weights(P, k0, k1, free_);
-            Ub = free_ - k0 * ub;
-            free_ += (k1 - k0) * ub;
-        }
-        PROF_ADD(3);
+        // 2. the weights: transformed once for all items (U), or here, block by block, a
+        // chunk of input channels at a time (kept in L2 while every point's GEMM uses it)
+        const int64_t kc = std::min<int64_t>(P->cpad, WEIGHT_CHUNK);
+        const int64_t ucs = spread(kc * NB);             // a chunk's floats per point
+        float* Uc = free_;
+        if (!P->U) free_ += NA * ucs;
         const int64_t mstride = spread(nt * NB);
         float* Mb = free_;
         free_ += NA * mstride;
         float* obuf = free_;                        // [tile][i][j][Cout], if not direct
         const int64_t red = T.kd * P->cpad;         // reduction: depth taps x channels
+        const int64_t us = ustride(P);
         for (int64_t d = d0; d < d1; d++) {
             for (int64_t k = k0; k < k1; k++) {
                 const int64_t g = k / nob, ob = k % nob;
                 const int nvalid = (int)std::min<int64_t>(NB, cout_g - ob * NB);
                 // products, point by point
-                const float* Uk = Ub + k * ub;
-                const float* Vg = V + vtile0 * lay.rowlen + g * lay.gplanes +
-                                  (d - d0 + vplane0) * P->cpad;
-                for (int a = 0; a < NA; a++) {
-                    const float* Va = Vg + a * lay.astride;
-                    const float* Ua = Uk + a * red * NB;
-                    float* Ma = Mb + a * mstride;
-                    for (int64_t t0 = 0; t0 < nt; t0 += mr) {
-                        const int r = (int)std::min<int64_t>(mr, nt - t0);
-                        fns[r - 1](red, Va + t0 * lay.rowlen, lay.rowlen, Ua, Ma + t0 * NB);
+                const float* Vg = V + vtile0 * lay.tstride + g * lay.gstride +
+                                  (d - d0 + vplane0) * lay.pstride;
+                if (P->U) {
+                    const float* Uk = P->U + k * ub;
+                    for (int a = 0; a < NA; a++) {
+                        const float* Va = Vg + a * lay.astride;
+                        const float* Ua = Uk + a * us;
+                        float* Ma = Mb + a * mstride;
+                        for (int64_t t0 = 0; t0 < nt; t0 += mr) {
+                            const int r = (int)std::min<int64_t>(mr, nt - t0);
+                            fns[r - 1](red, Va + t0 * lay.tstride, lay.tstride, Ua, Ma + t0 * NB);
+                        }
                     }
+                } else {
+                    for (int64_t kk = 0; kk < T.kd; kk++)
+                        for (int64_t a0 = 0; a0 < P->cpad; a0 += kc) {
+                            const int64_t a1 = std::min(P->cpad, a0 + kc);
+                            PROF_ADD(1);
+                            transform_weights<M, AX>(P, k, kk, a0, a1, Uc, ucs);
+                            PROF_ADD(3);
+                            const wgemm_fn* f = (kk == 0 && a0 == 0) ? fns : fns_acc;
+                            for (int a = 0; a < NA; a++) {
+                                const float* Va = Vg + a * lay.astride + kk * lay.pstride +
+                                                  a0 / lay.kc * lay.cstride + a0 % lay.kc;
+                                float* Ma = Mb + a * mstride;
+                                for (int64_t t0 = 0; t0 < nt; t0 += mr) {
+                                    const int r = (int)std::min<int64_t>(mr, nt - t0);
+                                    f[r - 1](a1 - a0, Va + t0 * lay.tstride, lay.tstride,
+                                             Uc + a * ucs, Ma + t0 * NB);
+                                }
+                            }
+                        }
                 }
                 PROF_ADD(1);
                 // output transform, into the result or the item's buffer
@@ -753,7 +928,7 @@ struct InputTiles {
         const TileGeom& T = P->tg;
         prepare_lines(P->in, T, AX == 2 ? M + 2 : 1, M + 2, T.kd, s0, s1, P->vd0, P->vd1,
                       T.off, L, scratch);
-        const VLayout lay(T, P->groups, P->cpad, P->vs0, P->vs1, P->vd0, P->vd1);
+        const VLayout lay(T, P->groups, P->cpad, P->vs0, P->vs1, P->vd0, P->vd1, WEIGHT_CHUNK);
         transform_tiles<M, AX>(P->in, T, P->groups, P->cpad, L, s0, s1, P->vs0, P->vd0, lay, V);
     }
 };
@@ -773,7 +948,7 @@ int64_t cg_wino_scratch(const WinoProblem* P, int64_t lo, int64_t hi) {
                                  item[2], item[3], T.off);
             need += VLayout(T, P->groups, P->cpad, item[0], item[1], item[2], item[3]).floats(T);
         }
-        if (!P->U) need += (item[5] - item[4]) * ublock(P);
+        if (!P->U) need += num_points(T) * spread(std::min<int64_t>(P->cpad, WEIGHT_CHUNK) * NB);
         need += num_points(T) * spread(nt * NB) + out_buffer_floats(P, nt);
         most = std::max(most, need);
     }
@@ -1040,118 +1215,6 @@ void cg_wino_wgrad_finish(const WinoWgrad* P, const MBox* box, const float* M, i
                           int64_t part_stride, float* dw, int64_t lo, int64_t hi) {
     dispatch<WgradFinish>(P->tg, P, box, M, parts, part_stride, dw, lo, hi);
 }
-
-// ---------------------------------------------------------------------------------------
-// The weight transform of the correlation
-
-namespace {
-
-// Rows a in [a0, a0 + na) x taps [0, T) x columns [0, nvalid) of one block of the
-// weights (element (t, a, b) at src + t*st + a*sa + b*sb, dtype) into buf[a - a0][t][NB]
-// as float32, zeros past nvalid.  float32 weights are read along whichever axis is
-// contiguous: columns as vectors; rows or taps in 8 x 8 blocks, transposed.
-void gather_weights(const char* src, int64_t dtype, int64_t st, int64_t sa, int64_t sb,
-                    int64_t a0, int na, int T, int nvalid, int NB, float* buf) {
-    const int64_t es = itemsize(dtype);
-    auto elem = [&](int64_t t, int64_t a, int64_t b) {
-        return src + es * (t * st + a * sa + b * sb);
-    };
-    for (int i = 0; i < na; i++)
-        for (int t = 0; t < T; t++)
-            for (int b = nvalid; b < NB; b++) buf[(i * T + t) * NB + b] = 0.0f;
-    if (dtype != F32 || sb == 1 || (st != 1 && sa != 1)) {
-        for (int i = 0; i < na; i++)
-            for (int t = 0; t < T; t++)
-                convert_run(buf + (i * T + t) * NB, elem(t, a0 + i, 0), dtype, sb, nvalid);
-        return;
-    }
-    const int b8 = nvalid / 8 * 8;
-    if (st == 1) {
-        // taps contiguous (OIX weights): 8 columns x 8 taps per transpose
-        const int t8 = T / 8 * 8;
-        for (int i = 0; i < na; i++) {
-            float* o = buf + i * T * NB;
-            for (int b = 0; b < b8; b += 8)
-                for (int t = 0; t < t8; t += 8)
-                    transpose8((const float*)elem(t, a0 + i, b), sb, o + t * NB + b, NB);
-            for (int t = 0; t < T; t++)
-                for (int b = (t < t8 ? b8 : 0); b < nvalid; b++)
-                    o[t * NB + b] = *(const float*)elem(t, a0 + i, b);
-        }
-        return;
-    }
-    // rows contiguous (a data gradient's XIO weights): 8 columns x 8 rows per transpose
-    const int i8 = na / 8 * 8;
-    for (int t = 0; t < T; t++) {
-        for (int i = 0; i < i8; i += 8)
-            for (int b = 0; b < b8; b += 8)
-                transpose8((const float*)elem(t, a0 + i, b), sb, buf + (i * T + t) * NB + b,
-                           (int64_t)T * NB);
-        for (int i = 0; i < na; i++)
-            for (int b = (i < i8 ? b8 : 0); b < nvalid; b++)
-                buf[(i * T + t) * NB + b] = *(const float*)elem(t, a0 + i, b);
-    }
-}
-
-// Weight blocks [lo, hi) (k = g*nob + ob) of U, block k at out + (k - lo)*ublock.
-template <int M, int AX>
-struct WeightBlocks {
-    static void run(const WinoProblem* P, int64_t lo, int64_t hi, float* out) {
-        constexpr int A = F3<M>::A;
-        constexpr int NA = AX == 2 ? A * A : A;
-        constexpr int KW = AX == 2 ? 9 : 3;
-        const int nv = (int)P->nv, NB = nv * VL;
-        const int64_t G = P->groups, Ach = P->in.C / G, B = P->Cout / G;
-        const int64_t nob = nblocks(B, nv), es = itemsize(P->wdtype), kd = P->tg.kd;
-        const int64_t cpad = P->cpad;
-        const int T = (int)(kd * KW);
-        // taps in order (flipped: reversed), then the rows 8 at a time
-        static thread_local std::vector<float> buf;
-        buf.resize((size_t)8 * T * NB);
-        for (int64_t blk = lo; blk < hi; blk++) {
-            const int64_t g = blk / nob, ob = blk % nob;
-            const int nvalid = (int)std::min<int64_t>(NB, B - ob * NB);
-            float* o = out + (blk - lo) * ublock(P);
-            const int64_t st = P->wflip ? -P->wst : P->wst;
-            const char* src = (const char*)P->w +
-                              es * (g * P->wgs + ob * NB * P->wsb + (P->wflip ? (T - 1) * P->wst : 0));
-            for (int64_t a0 = 0; a0 < cpad; a0 += 8) {
-                const int na = (int)std::min<int64_t>(8, std::max<int64_t>(0, Ach - a0));
-                if (na > 0)
-                    gather_weights(src, P->wdtype, st, P->wsa, P->wsb, a0, na, T, nvalid, NB,
-                                   buf.data());
-                for (int64_t a = a0; a < std::min(a0 + 8, cpad); a++) {
-                    for (int64_t k = 0; k < kd; k++) {
-                        if (a >= Ach) {
-                            for (int p = 0; p < NA; p++)
-                                std::memset(o + ((p * kd + k) * cpad + a) * NB, 0, NB * 4);
-                            continue;
-                        }
-                        const float* gb = buf.data() + ((a - a0) * T + k * KW) * NB;
-                        for (int v = 0; v < nv; v++) {
-                            vf gg[KW], t1[3 * A], u[NA];
-                            for (int t = 0; t < KW; t++) gg[t] = load(gb + t * NB + v * VL);
-                            if (AX == 2) {
-                                // along w: 3 rows of 3 taps -> 3 rows of A points; then along h
-                                for (int j = 0; j < 3; j++) F3<M>::wt(&gg[j * 3], 1, &t1[j * A], 1);
-                                for (int q = 0; q < A; q++) F3<M>::wt(&t1[q], A, &u[q], A);
-                            } else {
-                                F3<M>::wt(gg, 1, u, 1);
-                            }
-                            // point a = (w point)*A + (h point), as the data transforms
-                            for (int p = 0; p < NA; p++) {
-                                const int a_ = AX == 2 ? (p % A) * A + p / A : p;
-                                store(o + ((a_ * kd + k) * cpad + a) * NB + v * VL, u[p]);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-};
-
-}  // namespace
 
 void cg_wino_weights(const WinoProblem* P, int64_t lo, int64_t hi, float* out) {
     dispatch<WeightBlocks>(P->tg, P, lo, hi, out);
