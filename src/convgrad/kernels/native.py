@@ -136,8 +136,10 @@ class Engine:
                 ("cg_wgrad_mr", i64, [i64]),
                 ("cg_corr_scratch", i64, [vp, i64, i64]),
                 ("cg_corr_run", None, [vp, i64, i64, vp]),
+                ("cg_corr_run_shared", None, [vp, vp, i64, vp]),
                 ("cg_wgrad_scratch", i64, [vp, i64, i64]),
                 ("cg_wgrad_run", None, [vp, i64, i64, i64, i64, vp, vp]),
+                ("cg_wgrad_run_shared", None, [vp, vp, i64, vp, vp]),
                 ("cg_pack_panels", None, [vp, i64, i64, i64, i64, i64, i64, i64, i64, i64, vp,
                                           i64, i64]),
                 ("cg_fma_loop", ctypes.c_float, [i64]),
@@ -180,8 +182,12 @@ def _load() -> None:
         for isa in ISAS:
             _MISSING[isa] = "disabled by CONVGRAD_NATIVE=0"
         return
-    for isa in reversed(ISAS):                 # generic first: it reports the CPU's features
+    # the portable build first: it reports the CPU's features; a build for an
+    # instruction set the CPU lacks is never loaded (its code could not run)
+    for isa in reversed(ISAS):
         need, names = REQUIRES[isa]
+        if need and _FEATURES is None:
+            _FEATURES = _features_from_proc()
         if _FEATURES is not None and (_FEATURES & need) != need:
             _MISSING[isa] = f"this CPU lacks {names}"
             continue
@@ -195,11 +201,6 @@ def _load() -> None:
             _FEATURES = int(eng.lib.cg_cpu_features())
     if _FEATURES is None:
         _FEATURES = _features_from_proc()
-    for isa in ISAS:
-        need, names = REQUIRES[isa]
-        if isa in _ENGINES and (_FEATURES & need) != need:
-            del _ENGINES[isa]
-            _MISSING[isa] = f"this CPU lacks {names}"
 
 
 def _features_from_proc() -> int:
@@ -536,7 +537,7 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: i
         rows_h = len(set(t4[p[6]:p[7], 1].tolist())) or 1
         rows_d = len(set(t4[p[6]:p[7], 0].tolist())) or 1
         out_line = int(p[5]) * cout * 4 if out_buffered else 0
-        band = max(1, total * len(ob_ranges) // (4 * threads) if not ob_split else lines)
+        band = max(1, total * len(ob_ranges) // (8 * threads) if not ob_split else lines)
         while band > 1 and (rows_d * (band * istep[1] + rows_h) * line_bytes > budget
                             or band * out_line > out_bytes):
             band = max(1, band // 2)
@@ -595,11 +596,13 @@ def _corr(eng: Engine, plan: CorrPlan, inp: np.ndarray, out: np.ndarray, weights
                  plan.nv, plan.rmax, plan.ob_group, plan.items.ctypes.data)
     pp = ctypes.addressof(prob)
 
-    def run(lo, hi):
-        need = int(eng.lib.cg_corr_scratch(pp, lo, hi))
+    n = len(plan.items)
+    need = int(eng.lib.cg_corr_scratch(pp, 0, n))
+
+    def run(counter):
         buf = scratch("native-pack", (max(need, 16),), np.float32, zero=False)
-        eng.lib.cg_corr_run(pp, lo, hi, buf.ctypes.data)
-    _pool.run_ranges(run, len(plan.items), threads)
+        eng.lib.cg_corr_run_shared(pp, counter, n, buf.ctypes.data)
+    _pool.run_shared(run, n, threads)
     del prob
 
 
@@ -711,23 +714,24 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
                   plan.items.ctypes.data)
     pp = ctypes.addressof(prob)
 
-    def task(lo, hi, oblo, obhi, out):
-        def run():
-            need = int(eng.lib.cg_wgrad_scratch(pp, lo, hi))
-            buf = scratch("native-pack", (max(need, 16),), np.float32, zero=False)
-            eng.lib.cg_wgrad_run(pp, lo, hi, oblo, obhi, out.ctypes.data, buf.ctypes.data)
-        return run
-
     if plan.split_outputs:
-        _pool.run_tasks([task(0, nitems, lo, hi, dw)
-                         for lo, hi in _pool.split(nblocks, threads)], threads)
+        tasks = [(0, nitems, lo, hi, dw.ctypes.data)
+                 for lo, hi in _pool.split(nblocks, 2 * threads)]
     elif plan.chunks == 1:
-        task(0, nitems, 0, nblocks, dw)()
+        tasks = [(0, nitems, 0, nblocks, dw.ctypes.data)]
     else:
         parts = scratch("native-partials", (plan.chunks, dw.size), np.float32, zero=True)
-        _pool.run_tasks([task(lo, hi, 0, nblocks, parts[i])
-                         for i, (lo, hi) in enumerate(_pool.split(nitems, plan.chunks))],
-                        threads)
+        tasks = [(lo, hi, 0, nblocks, parts[i].ctypes.data)
+                 for i, (lo, hi) in enumerate(_pool.split(nitems, plan.chunks))]
+    tasks_a = _i64(tasks)
+    need = int(eng.lib.cg_wgrad_scratch(pp, 0, nitems))
+
+    def run(counter):
+        buf = scratch("native-pack", (max(need, 16),), np.float32, zero=False)
+        eng.lib.cg_wgrad_run_shared(pp, counter, len(tasks), tasks_a.ctypes.data,
+                                    buf.ctypes.data)
+    _pool.run_shared(run, len(tasks), threads)
+    if not plan.split_outputs and plan.chunks > 1:
         np.add.reduce(parts, axis=0, out=dw.reshape(-1))
     del prob
     return result

@@ -173,6 +173,12 @@ int64_t cg_corr_scratch(const CorrProblem* P, int64_t lo, int64_t hi);
 
 void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch);
 
+// Work items [0, n) shared by the threads calling this at once: each takes the next
+// item (an atomic counter, *next starting at 0) until none is left, so no thread
+// waits on another's last item (items write disjoint outputs: the result does not
+// depend on who computes what).
+void cg_corr_run_shared(const CorrProblem* P, int64_t* next, int64_t n, float* scratch);
+
 }  // extern "C"
 
 namespace {
@@ -439,6 +445,14 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
     }
 }
 
+void cg_corr_run_shared(const CorrProblem* P, int64_t* next, int64_t n, float* scratch) {
+    for (;;) {
+        const int64_t it = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+        if (it >= n) return;
+        cg_corr_run(P, it, it + 1, scratch);
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // wgrad
 //
@@ -545,6 +559,12 @@ int64_t cg_wgrad_scratch(const WgradProblem* P, int64_t lo, int64_t hi);
 
 void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, int64_t obhi,
                   float* dw, float* scratch);
+
+// Tasks [0, n), each (lo, hi, oblo, obhi, address of its dw or partial), shared by
+// the threads calling this at once through the atomic counter *next (see
+// cg_corr_run_shared); every task writes its own output, so who runs it does not matter.
+void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const int64_t* tasks,
+                         float* scratch);
 
 }  // extern "C"
 
@@ -909,6 +929,16 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
                 wgrad_gemm(P, A, mr, np * mr, B, np * NB, np, dw + t * cg * P->O, oblo, obhi);
             }
         }
+    }
+}
+
+void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const int64_t* tasks,
+                         float* scratch) {
+    for (;;) {
+        const int64_t k = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+        if (k >= n) return;
+        const int64_t* t = tasks + 5 * k;
+        cg_wgrad_run(P, t[0], t[1], t[2], t[3], (float*)(intptr_t)t[4], scratch);
     }
 }
 
