@@ -379,3 +379,29 @@ def test_16_bit_calls_round_their_result_once_where_it_is_stored(dtype, channels
                                           wide.astype(dtype).view(np.uint16))
         y = convgrad.conv_forward(x, w, **kw)
     assert y.dtype == np.dtype(dtype) and y.flags.c_contiguous
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("layout", ["XIO", "OIX", "strided"])
+@pytest.mark.parametrize("groups", [1, 2])
+def test_weights_in_any_layout(isa, layout, groups, rng):
+    """Weights packed from channels-last (XIO: the data gradient's panels are 8 x 8
+    transposes of it), channels-first and non-contiguous views."""
+    case = _geometry(2, c=16 * groups, o=24 * groups, size=11, k=3, groups=groups)
+    x, _, dy = make_arrays(case, rng, np.float32, True)
+    shape = (case["o"], 16, 3, 3)
+    if layout == "XIO":
+        w = np.transpose(rng.standard_normal((3, 3, 16, case["o"])).astype(np.float32),
+                         (3, 2, 0, 1))
+    elif layout == "OIX":
+        w = rng.standard_normal(shape).astype(np.float32)
+    else:
+        w = rng.standard_normal((shape[0], 2 * shape[1], 3, 5)).astype(np.float32)[:, ::2, :, 1:4]
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    args = dict(strides=case["strides"], dilations=case["dilations"],
+                pads_begin=case["pads_begin"], groups=groups)
+    with convgrad.config(algo="native", isa=isa):
+        y = convgrad.conv_forward(x, w, **kw)
+        dx = convgrad.conv_data_grad(w, dy, x.shape, **kw)
+    assert_close(y, naive.forward(x, w, case["out_sizes"], **args), np.float32)
+    assert_close(dx, naive.dgrad(w, dy, case["in_sizes"], **args), np.float32)

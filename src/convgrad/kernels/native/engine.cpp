@@ -960,6 +960,20 @@ void cg_pack_panels(const void* src, int64_t dtype, int64_t T, int64_t A, int64_
         const int64_t nvalid = std::min<int64_t>(NB, B - blk * NB);
         float* o = out + k * T * A * NB;
         const char* base = (const char*)src + es * (g * gstride + blk * NB * sb);
+        if (dtype == F32 && sa == 1 && sb != 1 && A % 8 == 0 && nvalid % 8 == 0) {
+            // rows a contiguous in the source, columns b strided (the data gradient's
+            // transposed weights): 8 x 8 transposes
+            const float* b0 = (const float*)base;
+            for (int64_t t = 0; t < T; t++) {
+                for (int64_t a0 = 0; a0 < A; a0 += 8)
+                    for (int64_t j0 = 0; j0 < nvalid; j0 += 8)
+                        transpose8(b0 + t * st + j0 * sb + a0, sb, o + (t * A + a0) * NB + j0,
+                                   NB);
+                for (int64_t a = 0; a < A; a++)
+                    for (int64_t j = nvalid; j < NB; j++) o[(t * A + a) * NB + j] = 0.0f;
+            }
+            continue;
+        }
         for (int64_t t = 0; t < T; t++) {
             for (int64_t a = 0; a < A; a++) {
                 float* row = o + (t * A + a) * NB;
