@@ -138,7 +138,7 @@ class Engine:
                 ("cg_corr_run", None, [vp, i64, i64, vp]),
                 ("cg_corr_run_shared", None, [vp, vp, i64, vp]),
                 ("cg_wgrad_scratch", i64, [vp, i64, i64]),
-                ("cg_wgrad_run", None, [vp, i64, i64, i64, i64, vp, vp]),
+                ("cg_wgrad_run", None, [vp, i64, i64, i64, i64, i64, i64, vp, vp]),
                 ("cg_wgrad_run_shared", None, [vp, vp, i64, vp, vp]),
                 ("cg_pack_panels", None, [vp, i64, i64, i64, i64, i64, i64, i64, i64, i64, vp,
                                           i64, i64]),
@@ -527,7 +527,8 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: i
     nob = -(-(cout // G) // nb)
     weight_bytes = G * nob * panel_bytes
     data_bytes = n * math.prod(lin) * cin * 4
-    ob_split = (nob > ob_group and weight_bytes > CORR_WEIGHT_BYTES
+    # (not when the input is converted: every item would convert its lines again)
+    ob_split = (not packed and nob > ob_group and weight_bytes > CORR_WEIGHT_BYTES
                 and weight_bytes > 2 * data_bytes)
     ob_ranges = ([(b, min(nob, b + ob_group)) for b in range(0, nob, ob_group)] if ob_split
                  else [(0, nob)])
@@ -618,7 +619,8 @@ def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry, out_dtype=None) -> np.
         y[...] = 0
         return y
     threads = _threads(geom.flops)
-    geom, (xf, yf) = _pointwise(geom, x, y)
+    geom, (xf, yf) = _pointwise(geom, x, y) if not (_is_packed(x) or _is_packed(y)) else (
+        geom, (x, y))
     plan = corr_plan(geom, "fwd", eng.vl, eng.rmax_of, threads, _is_packed(xf),
                      _is_packed(yf), _budgets(threads))
     w3 = _weights_2d(w)
@@ -641,7 +643,8 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> 
         dx[...] = 0
         return dx
     threads = _threads(geom.flops)
-    geom, (dyf, dxf) = _pointwise(geom, dy, dx)
+    geom, (dyf, dxf) = _pointwise(geom, dy, dx) if not (_is_packed(dy) or _is_packed(dx)) else (
+        geom, (dy, dx))
     plan = corr_plan(geom, "dgrad", eng.vl, eng.rmax_of, threads, _is_packed(dyf),
                      _is_packed(dxf), _budgets(threads))
     w3 = _weights_2d(w)
@@ -699,7 +702,8 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     if result.size == 0 or x.size == 0 or dy.size == 0:
         return result
     threads = _threads(geom.flops)
-    geom, (x, dy) = _pointwise(geom, x, dy)
+    if not (_is_packed(x) or _is_packed(dy)):     # (converted lines stay short)
+        geom, (x, dy) = _pointwise(geom, x, dy)
     dw = result.reshape(*geom.kernel, cg, geom.o)
     budgets = _budgets(threads)
     plan = wgrad_plan(geom, eng.vl, eng.mr_of, (budgets[2], WGRAD_MIN_CHUNK, WGRAD_MAX_CHUNK,
@@ -714,14 +718,22 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
                   plan.items.ctypes.data)
     pp = ctypes.addressof(prob)
 
-    if plan.split_outputs:
-        tasks = [(0, nitems, lo, hi, dw.ctypes.data)
-                 for lo, hi in _pool.split(nblocks, 2 * threads)]
+    ntap = math.prod(geom.kernel)
+    # split outputs: each task reads (and converts, for NCX or 16-bit callers) every
+    # position, so fewer tasks when that costs a conversion
+    nsplit = threads if (_is_packed(x) or _is_packed(dy)) else 2 * threads
+    if plan.split_outputs and ntap >= nsplit:
+        # whole taps per task: every x panel is packed by one task only
+        tasks = [(0, nitems, 0, nblocks, lo, hi, dw.ctypes.data)
+                 for lo, hi in _pool.split(ntap, nsplit)]
+    elif plan.split_outputs:
+        tasks = [(0, nitems, lo, hi, 0, ntap, dw.ctypes.data)
+                 for lo, hi in _pool.split(nblocks, nsplit)]
     elif plan.chunks == 1:
-        tasks = [(0, nitems, 0, nblocks, dw.ctypes.data)]
+        tasks = [(0, nitems, 0, nblocks, 0, ntap, dw.ctypes.data)]
     else:
         parts = scratch("native-partials", (plan.chunks, dw.size), np.float32, zero=True)
-        tasks = [(lo, hi, 0, nblocks, parts[i].ctypes.data)
+        tasks = [(lo, hi, 0, nblocks, 0, ntap, parts[i].ctypes.data)
                  for i, (lo, hi) in enumerate(_pool.split(nitems, plan.chunks))]
     tasks_a = _i64(tasks)
     need = int(eng.lib.cg_wgrad_scratch(pp, 0, nitems))

@@ -558,9 +558,10 @@ int64_t cg_wgrad_mr(int64_t nv) { return nv >= 1 && nv <= 4 ? WG_MR[nv] : 0; }
 int64_t cg_wgrad_scratch(const WgradProblem* P, int64_t lo, int64_t hi);
 
 void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, int64_t obhi,
-                  float* dw, float* scratch);
+                  int64_t tlo, int64_t thi, float* dw, float* scratch);
 
-// Tasks [0, n), each (lo, hi, oblo, obhi, address of its dw or partial), shared by
+// Tasks [0, n), each (lo, hi, oblo, obhi, tlo, thi, address of its dw or partial): the
+// items [lo, hi) for the output blocks [oblo, obhi) and the taps [tlo, thi), shared by
 // the threads calling this at once through the atomic counter *next (see
 // cg_corr_run_shared); every task writes its own output, so who runs it does not matter.
 void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const int64_t* tasks,
@@ -705,7 +706,7 @@ int64_t cg_wgrad_scratch(const WgradProblem* P, int64_t lo, int64_t hi) {
 }
 
 // Accumulate the items [lo, hi) into dw (*K, C/G, O) for the output-channel
-// blocks [oblo, obhi) (numbered over all groups).
+// blocks [oblo, obhi) (numbered over all groups) and the taps [tlo, thi).
 //
 // Lines at least one chunk long are cut into chunks along w: the dy rows of a
 // chunk are packed once; per (kd, kh) the x rows its taps read are read in
@@ -715,7 +716,7 @@ int64_t cg_wgrad_scratch(const WgradProblem* P, int64_t lo, int64_t hi) {
 // reads the input).  Rows that are not float32 with unit channel stride are
 // first converted, one item's lines at a time.
 void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, int64_t obhi,
-                  float* dw, float* scratch) {
+                  int64_t tlo, int64_t thi, float* dw, float* scratch) {
     const int64_t G = P->groups, cg = P->C / G, og = P->O / G;
     const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
     const int64_t nob = (og + NB - 1) / NB, nct = (cg + mr - 1) / mr;
@@ -803,6 +804,8 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
                             for (int64_t kw = 0; kw <= Kw; kw++) {
                                 int64_t a = 0, b = 0, q = 0, r = -2;
                                 if (kw < Kw) {
+                                    const int64_t t = (kd * P->K[1] + kh) * Kw + kw;
+                                    if (t < tlo || t >= thi) continue;
                                     const int64_t off = kw * dwl - pbw;
                                     r = ((off % sw) + sw) % sw;
                                     q = (off - r) / sw;
@@ -891,7 +894,7 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
             for (const Piece& q : pieces)
                 full_runs.push_back(Run{nullptr, yrow(q.l, q.w0), q.w1 - q.w0});
             bool full_packed = false;
-            for (int64_t t = 0; t < ntap; t++) {
+            for (int64_t t = std::max<int64_t>(0, tlo); t < std::min(ntap, thi); t++) {
                 const int64_t kd = t / (P->K[1] * Kw), kh = (t / Kw) % P->K[1], kw = t % Kw;
                 const int64_t offw = kw * dwl - pbw;
                 int64_t u0, u1;
@@ -937,8 +940,8 @@ void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const 
     for (;;) {
         const int64_t k = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
         if (k >= n) return;
-        const int64_t* t = tasks + 5 * k;
-        cg_wgrad_run(P, t[0], t[1], t[2], t[3], (float*)(intptr_t)t[4], scratch);
+        const int64_t* t = tasks + 7 * k;
+        cg_wgrad_run(P, t[0], t[1], t[2], t[3], t[4], t[5], (float*)(intptr_t)t[6], scratch);
     }
 }
 
