@@ -63,5 +63,10 @@ def run_shared(fn, ntasks: int, threads: int) -> None:
     counter = np.zeros(1, np.int64)
     address = counter.ctypes.data
     n = max(1, min(threads, ntasks))
-    run_tasks([lambda: fn(address)] * n, n)
+    # the calling thread works too: it starts at once, while a pool thread may take a
+    # while to wake (and then finds less left to do)
+    futures = [pool(n).submit(fn, address) for _ in range(n - 1)]
+    fn(address)
+    for f in futures:
+        f.result()
     del counter
