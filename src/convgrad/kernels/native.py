@@ -544,6 +544,9 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: i
             band = max(1, band // 2)
         items += [(k, lo, min(lines, lo + band), b0, b1) for b0, b1 in ob_ranges
                   for lo in range(0, lines, band)]
+    # the phases of a data gradient read the same dy rows for the same line numbers:
+    # their items follow each other (a thread finds those rows still in cache)
+    items.sort(key=lambda it: (it[3], it[1], it[0]))
     plan = CorrPlan(n, lin, cin, cout, G, istep, ostep, ph, t4, ntap_w, nv, rmax_of[nv - 1],
                     ob_group, _i64(items).reshape(-1, 5))
     for a in (plan.phases, plan.taps, plan.items):
