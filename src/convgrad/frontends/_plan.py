@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import memory, ops
+from .. import layouts, memory, ops
 from ..dtypes import as_array, common_dtype
 from ..errors import fail
 from ..geometry import ConvGeometry, MAX_DIM
@@ -87,8 +87,11 @@ class Plan:
             out += bias.reshape((1, -1) + (1,) * self.geom.spatial_rank)
         out = self.from_canonical(out)
         assert out.shape == self.out_shape, (out.shape, self.out_shape)
+        if out.dtype != dtype and dtype.kind == "f" and self.kind == "wgrad":
+            # a (small) weight gradient made contiguous first: the fast casts
+            out = layouts.contiguous(out)
         out = cast_result(out, dtype, order="C")
-        return _owner(np.ascontiguousarray(out))
+        return _owner(layouts.contiguous(out))
 
 
 def cast_result(out: np.ndarray, dtype: np.dtype, *, order: str = "K") -> np.ndarray:

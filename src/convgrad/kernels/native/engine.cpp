@@ -987,6 +987,44 @@ void cg_pack_panels(const void* src, int64_t dtype, int64_t T, int64_t A, int64_
     }
 }
 
+// A permuted copy (the layout back of a result seen through a transposed view):
+// element (b0, b1, b2, r, c) of shape[0..4] is read at src + sum(index * sstr) and
+// written at dst + sum(index * dstr) (strides in elements of es bytes, 2 or 4).
+// Floats with a source-contiguous row axis and a destination-contiguous column axis
+// move as 8 x 8 transposes; everything else element by element.  Batches [lo, hi) of
+// shape[0] * shape[1] * shape[2].
+void cg_permute(const void* src, void* dst, int64_t es, const int64_t* shape,
+                const int64_t* sstr, const int64_t* dstr, int64_t lo, int64_t hi) {
+    const int64_t R = shape[3], C = shape[4];
+    const bool blocked = es == 4 && sstr[3] == 1 && dstr[4] == 1;
+    for (int64_t b = lo; b < hi; b++) {
+        const int64_t i2 = b % shape[2], i1 = (b / shape[2]) % shape[1],
+                      i0 = b / (shape[2] * shape[1]);
+        const int64_t so = i0 * sstr[0] + i1 * sstr[1] + i2 * sstr[2];
+        const int64_t doff = i0 * dstr[0] + i1 * dstr[1] + i2 * dstr[2];
+        if (es == 2) {
+            const uint16_t* s = (const uint16_t*)src + so;
+            uint16_t* d = (uint16_t*)dst + doff;
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t c = 0; c < C; c++) d[r * dstr[3] + c * dstr[4]] = s[r * sstr[3] + c * sstr[4]];
+            continue;
+        }
+        const float* s = (const float*)src + so;
+        float* d = (float*)dst + doff;
+        int64_t r8 = 0, c8 = 0;
+        if (blocked) {
+            r8 = R - R % 8, c8 = C - C % 8;
+            for (int64_t r = 0; r < r8; r += 8)
+                for (int64_t c = 0; c < c8; c += 8)
+                    transpose8(s + r + c * sstr[4], sstr[4], d + r * dstr[3] + c, dstr[3]);
+        }
+        // the edges: rows past r8 (every column), columns past c8 (rows below r8)
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t c = r < r8 ? c8 : 0; c < C; c++)
+                d[r * dstr[3] + c * dstr[4]] = s[r * sstr[3] + c * sstr[4]];
+    }
+}
+
 // The FMA peak: iters rounds of ACC independent vector multiply-adds (2 * VL
 // flops each), nothing else; returns a value that depends on the result, so the
 // loop cannot be dropped.  Timed from Python on every thread at once.
