@@ -368,3 +368,73 @@ def test_16_bit_calls_round_their_result_once_where_it_is_stored(dtype, channels
                                           wide.astype(dtype).view(np.uint16))
         y = convgrad.conv_forward(x, w, **kw)
     assert y.dtype == np.dtype(dtype) and y.flags.c_contiguous
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("layout", ["XIO", "OIX", "strided"])
+@pytest.mark.parametrize("groups", [1, 2])
+def test_weights_in_any_layout(isa, layout, groups, rng):
+    """Weights packed from channels-last (XIO: the data gradient's panels are 8 x 8
+    transposes of it), channels-first and non-contiguous views."""
+    case = _geometry(2, c=16 * groups, o=24 * groups, size=11, k=3, groups=groups)
+    x, _, dy = make_arrays(case, rng, np.float32, True)
+    shape = (case["o"], 16, 3, 3)
+    if layout == "XIO":
+        w = np.transpose(rng.standard_normal((3, 3, 16, case["o"])).astype(np.float32),
+                         (3, 2, 0, 1))
+    elif layout == "OIX":
+        w = rng.standard_normal(shape).astype(np.float32)
+    else:
+        w = rng.standard_normal((shape[0], 2 * shape[1], 3, 5)).astype(np.float32)[:, ::2, :, 1:4]
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    args = dict(strides=case["strides"], dilations=case["dilations"],
+                pads_begin=case["pads_begin"], groups=groups)
+    with convgrad.config(algo="native", isa=isa):
+        y = convgrad.conv_forward(x, w, **kw)
+        dx = convgrad.conv_data_grad(w, dy, x.shape, **kw)
+    assert_close(y, naive.forward(x, w, case["out_sizes"], **args), np.float32)
+    assert_close(dx, naive.dgrad(w, dy, case["in_sizes"], **args), np.float32)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16])
+def test_permuted_copies_are_exact(isa, dtype, rng):
+    """The engine's blocked transposes (results brought back to a caller's layout)
+    copy every element of a permuted view, edges of odd sizes included."""
+    for shape, perm in [((9, 130, 131), (2, 1, 0)), ((3, 3, 67, 129), (3, 2, 0, 1)),
+                        ((5, 7, 9, 11, 13), (4, 2, 0, 3, 1)), ((33, 40, 29), (1, 2, 0)),
+                        ((2, 3, 3, 3, 70, 90), None)]:
+        a = rng.standard_normal(shape).astype(dtype)
+        if perm is None:                    # rank 6: NumPy's copy
+            assert native.permuted_copy(a.transpose(5, 4, 3, 2, 1, 0)) is None
+            continue
+        v = a.transpose(perm)
+        with convgrad.config(isa=isa):
+            got = native.permuted_copy(v)
+        assert got is not None and got.flags.c_contiguous and got.dtype == v.dtype
+        assert got.tobytes() == np.ascontiguousarray(v).tobytes()
+    # last axis contiguous, or rows not unit-strided: NumPy's copy
+    assert native.permuted_copy(np.zeros((300, 200), dtype)[:, ::2]) is None
+    assert native.permuted_copy(np.zeros((300, 200), dtype)[::2].T) is None
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_weight_gradients_come_back_in_the_callers_layout(isa, rng):
+    """A channels-first (OIX) weight gradient large enough for the blocked
+    transposes equals the channels-last (XIO) one, and the reference."""
+    from convgrad import onednn
+    case = _geometry(2, c=48, o=72, size=9, k=3, groups=1)
+    x, _, dy = make_arrays(case, rng, np.float32, False)
+    attrs = dict(strides=list(case["strides"]), pads_begin=list(case["pads_begin"]),
+                 pads_end=list(case["pads_end"]), dilations=list(case["dilations"]))
+    with convgrad.config(algo="native", isa=isa):
+        oix = onednn.convolution_backward_weights(x, dy, [72, 48, 3, 3], data_format="NCX",
+                                                  weights_format="OIX", **attrs)
+        xio = onednn.convolution_backward_weights(x, dy, [3, 3, 48, 72], data_format="NCX",
+                                                  weights_format="XIO", **attrs)
+    assert oix.flags.c_contiguous and oix.shape == (72, 48, 3, 3)
+    assert np.array_equal(oix, xio.transpose(3, 2, 0, 1))
+    want = naive.wgrad(x.astype(np.float64), dy.astype(np.float64), (3, 3),
+                       strides=case["strides"], dilations=case["dilations"],
+                       pads_begin=case["pads_begin"], groups=1)
+    assert_close(oix, want, np.float32)

@@ -67,7 +67,8 @@ class MemoryCase:
             if label == "float32 result":
                 # the native engine stores a float16/bfloat16 forward or data result in
                 # its own dtype (rounded once): no float32 result to allow for
-                if result["kernel"] == "native" and result["call"]["op"] != "wgrad":
+                if (result["kernel"] in ("native", "winograd")
+                        and result["call"]["op"] != "wgrad"):
                     continue
                 total += result["output_bytes"] * 2
             elif label == "float32 inputs":
@@ -101,7 +102,8 @@ CASES = [
        dict(input_sizes=[64, 64, 64, 64], strides=[1, 2, 2, 1], padding="SAME")),
     _c("depthwise3x3-dgrad-NXC", "tf.depthwise_conv2d_native_backprop_input",
        {"filter": ((3, 3, 128, 1), f32), "out_backprop": ((16, 48, 48, 128), f32)},
-       dict(input_sizes=[16, 48, 48, 128], strides=[1, 1, 1, 1], padding="SAME")),
+       dict(input_sizes=[16, 48, 48, 128], strides=[1, 1, 1, 1], padding="SAME"),
+       also=("winograd",)),
     _c("depthwise3x3-wgrad-NCX", "conv_weight_grad",
        {"x": ((16, 128, 48, 48), f32), "dy": ((16, 128, 48, 48), f32)},
        dict(kernel_shape=(128, 1, 3, 3), groups=128, strides=[1, 1], pads_begin=[1, 1],
@@ -130,7 +132,7 @@ CASES = [
 ]
 
 
-BUDGETED = ("native", "shifted", "direct", "im2col")
+BUDGETED = ("native", "winograd", "shifted", "direct", "im2col")
 
 
 def kernel_budget(kernel: str, call: dict, workspace: int) -> int:
@@ -145,6 +147,14 @@ def kernel_budget(kernel: str, call: dict, workspace: int) -> int:
         # gradient panels), packed weights, partial weight gradients: no data tensor
         from convgrad.kernels import native
         return sum(native.workspace(_geometry(call), call["op"]).values())
+    if kernel == "winograd":
+        # per-thread scratch (an item's transformed tiles and products, converted input
+        # lines, a buffered output block), the transformed weights or input shared by
+        # the items (<= workspace / 4 each), bad-line flags (a byte per output line),
+        # partial weight gradient sums: no data tensor
+        from convgrad.kernels import winograd
+        with convgrad.config(workspace_bytes=workspace):
+            return sum(winograd.workspace(_geometry(call), call["op"]).values())
     if kernel == "shifted":
         # grids of one batch block <= the budget; weights per tap and folded (2 w),
         # or partial weight gradients (<= 4 per thread, + 1); folding buffers

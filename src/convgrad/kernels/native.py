@@ -136,10 +136,13 @@ class Engine:
                 ("cg_wgrad_mr", i64, [i64]),
                 ("cg_corr_scratch", i64, [vp, i64, i64]),
                 ("cg_corr_run", None, [vp, i64, i64, vp]),
+                ("cg_corr_run_shared", None, [vp, vp, i64, vp]),
                 ("cg_wgrad_scratch", i64, [vp, i64, i64]),
-                ("cg_wgrad_run", None, [vp, i64, i64, i64, i64, vp, vp]),
+                ("cg_wgrad_run", None, [vp, i64, i64, i64, i64, i64, i64, vp, vp]),
+                ("cg_wgrad_run_shared", None, [vp, vp, i64, vp, vp]),
                 ("cg_pack_panels", None, [vp, i64, i64, i64, i64, i64, i64, i64, i64, i64, vp,
                                           i64, i64]),
+                ("cg_permute", None, [vp, vp, i64, vp, vp, vp, i64, i64]),
                 ("cg_fma_loop", ctypes.c_float, [i64]),
                 ("cg_store_floats", None, [vp, i64, vp, i64]),
                 ("cg_fma_loop_flops", i64, [])):
@@ -180,8 +183,12 @@ def _load() -> None:
         for isa in ISAS:
             _MISSING[isa] = "disabled by CONVGRAD_NATIVE=0"
         return
-    for isa in reversed(ISAS):                 # generic first: it reports the CPU's features
+    # the portable build first: it reports the CPU's features; a build for an
+    # instruction set the CPU lacks is never loaded (its code could not run)
+    for isa in reversed(ISAS):
         need, names = REQUIRES[isa]
+        if need and _FEATURES is None:
+            _FEATURES = _features_from_proc()
         if _FEATURES is not None and (_FEATURES & need) != need:
             _MISSING[isa] = f"this CPU lacks {names}"
             continue
@@ -195,11 +202,6 @@ def _load() -> None:
             _FEATURES = int(eng.lib.cg_cpu_features())
     if _FEATURES is None:
         _FEATURES = _features_from_proc()
-    for isa in ISAS:
-        need, names = REQUIRES[isa]
-        if isa in _ENGINES and (_FEATURES & need) != need:
-            del _ENGINES[isa]
-            _MISSING[isa] = f"this CPU lacks {names}"
 
 
 def _features_from_proc() -> int:
@@ -359,6 +361,51 @@ def memory(call) -> dict[str, int]:
         parts[f"{ROLES[call.op][2]} before the caller's copy"] = call.out.size * 4
     parts.update(workspace(call.geom, call.op))
     return parts
+
+
+# permuted copies smaller than this stay with NumPy
+PERMUTE_MIN_ELEMENTS = 1 << 15
+
+
+def permuted_copy(a: np.ndarray) -> np.ndarray | None:
+    """A C-contiguous copy of ``a`` (a permuted view, e.g. a weight gradient in the
+    engine's ``(*K, C/G, O)`` order seen as ``OIX``) made by the engine's 8 x 8
+    transposes, or None where NumPy's copy is as good (``a``'s last axis already
+    contiguous in memory, small or odd arrays) or no engine is loaded.  NumPy
+    copies such views element by element at cache-missing strides: a 512 x 512 x
+    3 x 3 weight gradient took 10 ms, the transposes about 1 ms."""
+    if (a.ndim < 2 or a.ndim > 5 or a.itemsize not in (2, 4) or a.size < PERMUTE_MIN_ELEMENTS
+            or a.dtype.kind not in "fV" or a.flags.c_contiguous or a.dtype.hasobject):
+        return None
+    try:
+        eng = engine()
+    except ConvGradError:
+        return None
+    if eng is None:
+        return None
+    es = a.itemsize
+    if any(s % es for s in a.strides):
+        return None
+    sstr = [s // es for s in a.strides]
+    last = a.ndim - 1
+    rows = min(range(a.ndim), key=lambda i: (abs(sstr[i]) if a.shape[i] > 1 else 1 << 62))
+    if rows == last or sstr[rows] != 1:
+        return None
+    out = np.empty(a.shape, a.dtype)
+    dstr = [s // es for s in out.strides]
+    batch = [i for i in range(a.ndim) if i not in (rows, last)]
+    pad = 3 - len(batch)
+    shape = _i64([1] * pad + [a.shape[i] for i in batch] + [a.shape[rows], a.shape[last]])
+    ss = _i64([0] * pad + [sstr[i] for i in batch] + [sstr[rows], sstr[last]])
+    ds = _i64([0] * pad + [dstr[i] for i in batch] + [dstr[rows], dstr[last]])
+    nb = int(np.prod(shape[:3]))
+    threads = _threads(a.size * 64)
+
+    def run(lo, hi):
+        eng.lib.cg_permute(a.ctypes.data, out.ctypes.data, es, shape.ctypes.data,
+                           ss.ctypes.data, ds.ctypes.data, lo, hi)
+    _pool.run_ranges(run, nb, threads, per_thread=1)
+    return out
 
 
 def _threads(flops: int) -> int:
@@ -526,7 +573,8 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: i
     nob = -(-(cout // G) // nb)
     weight_bytes = G * nob * panel_bytes
     data_bytes = n * math.prod(lin) * cin * 4
-    ob_split = (nob > ob_group and weight_bytes > CORR_WEIGHT_BYTES
+    # (not when the input is converted: every item would convert its lines again)
+    ob_split = (not packed and nob > ob_group and weight_bytes > CORR_WEIGHT_BYTES
                 and weight_bytes > 2 * data_bytes)
     ob_ranges = ([(b, min(nob, b + ob_group)) for b in range(0, nob, ob_group)] if ob_split
                  else [(0, nob)])
@@ -536,12 +584,15 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: i
         rows_h = len(set(t4[p[6]:p[7], 1].tolist())) or 1
         rows_d = len(set(t4[p[6]:p[7], 0].tolist())) or 1
         out_line = int(p[5]) * cout * 4 if out_buffered else 0
-        band = max(1, total * len(ob_ranges) // (4 * threads) if not ob_split else lines)
+        band = max(1, total * len(ob_ranges) // (8 * threads) if not ob_split else lines)
         while band > 1 and (rows_d * (band * istep[1] + rows_h) * line_bytes > budget
                             or band * out_line > out_bytes):
             band = max(1, band // 2)
         items += [(k, lo, min(lines, lo + band), b0, b1) for b0, b1 in ob_ranges
                   for lo in range(0, lines, band)]
+    # the phases of a data gradient read the same dy rows for the same line numbers:
+    # their items follow each other (a thread finds those rows still in cache)
+    items.sort(key=lambda it: (it[3], it[1], it[0]))
     plan = CorrPlan(n, lin, cin, cout, G, istep, ostep, ph, t4, ntap_w, nv, rmax_of[nv - 1],
                     ob_group, _i64(items).reshape(-1, 5))
     for a in (plan.phases, plan.taps, plan.items):
@@ -595,11 +646,13 @@ def _corr(eng: Engine, plan: CorrPlan, inp: np.ndarray, out: np.ndarray, weights
                  plan.nv, plan.rmax, plan.ob_group, plan.items.ctypes.data)
     pp = ctypes.addressof(prob)
 
-    def run(lo, hi):
-        need = int(eng.lib.cg_corr_scratch(pp, lo, hi))
+    n = len(plan.items)
+    need = int(eng.lib.cg_corr_scratch(pp, 0, n))
+
+    def run(counter):
         buf = scratch("native-pack", (max(need, 16),), np.float32, zero=False)
-        eng.lib.cg_corr_run(pp, lo, hi, buf.ctypes.data)
-    _pool.run_ranges(run, len(plan.items), threads)
+        eng.lib.cg_corr_run_shared(pp, counter, n, buf.ctypes.data)
+    _pool.run_shared(run, n, threads)
     del prob
 
 
@@ -640,7 +693,7 @@ def _corr_into(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray, geom:
         out[...] = 0
         return out
     threads = _threads(geom.flops)
-    if lines is None:
+    if lines is None and not (_is_packed(inp) or _is_packed(out)):
         geom, (inp_f, out_f) = _pointwise(geom, inp, out)
     else:
         inp_f, out_f = inp, out
@@ -709,7 +762,8 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     if result.size == 0 or x.size == 0 or dy.size == 0:
         return result
     threads = _threads(geom.flops)
-    geom, (x, dy) = _pointwise(geom, x, dy)
+    if not (_is_packed(x) or _is_packed(dy)):     # (converted lines stay short)
+        geom, (x, dy) = _pointwise(geom, x, dy)
     dw = result.reshape(*geom.kernel, cg, geom.o)
     budgets = _budgets(threads)
     plan = wgrad_plan(geom, eng.vl, eng.mr_of, (budgets[2], WGRAD_MIN_CHUNK, WGRAD_MAX_CHUNK,
@@ -724,23 +778,32 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
                   plan.items.ctypes.data)
     pp = ctypes.addressof(prob)
 
-    def task(lo, hi, oblo, obhi, out):
-        def run():
-            need = int(eng.lib.cg_wgrad_scratch(pp, lo, hi))
-            buf = scratch("native-pack", (max(need, 16),), np.float32, zero=False)
-            eng.lib.cg_wgrad_run(pp, lo, hi, oblo, obhi, out.ctypes.data, buf.ctypes.data)
-        return run
-
-    if plan.split_outputs:
-        _pool.run_tasks([task(0, nitems, lo, hi, dw)
-                         for lo, hi in _pool.split(nblocks, threads)], threads)
+    ntap = math.prod(geom.kernel)
+    # split outputs: each task reads (and converts, for NCX or 16-bit callers) every
+    # position, so fewer tasks when that costs a conversion
+    nsplit = threads if (_is_packed(x) or _is_packed(dy)) else 2 * threads
+    if plan.split_outputs and ntap >= nsplit:
+        # whole taps per task: every x panel is packed by one task only
+        tasks = [(0, nitems, 0, nblocks, lo, hi, dw.ctypes.data)
+                 for lo, hi in _pool.split(ntap, nsplit)]
+    elif plan.split_outputs:
+        tasks = [(0, nitems, lo, hi, 0, ntap, dw.ctypes.data)
+                 for lo, hi in _pool.split(nblocks, nsplit)]
     elif plan.chunks == 1:
-        task(0, nitems, 0, nblocks, dw)()
+        tasks = [(0, nitems, 0, nblocks, 0, ntap, dw.ctypes.data)]
     else:
         parts = scratch("native-partials", (plan.chunks, dw.size), np.float32, zero=True)
-        _pool.run_tasks([task(lo, hi, 0, nblocks, parts[i])
-                         for i, (lo, hi) in enumerate(_pool.split(nitems, plan.chunks))],
-                        threads)
+        tasks = [(lo, hi, 0, nblocks, 0, ntap, parts[i].ctypes.data)
+                 for i, (lo, hi) in enumerate(_pool.split(nitems, plan.chunks))]
+    tasks_a = _i64(tasks)
+    need = int(eng.lib.cg_wgrad_scratch(pp, 0, nitems))
+
+    def run(counter):
+        buf = scratch("native-pack", (max(need, 16),), np.float32, zero=False)
+        eng.lib.cg_wgrad_run_shared(pp, counter, len(tasks), tasks_a.ctypes.data,
+                                    buf.ctypes.data)
+    _pool.run_shared(run, len(tasks), threads)
+    if not plan.split_outputs and plan.chunks > 1:
         np.add.reduce(parts, axis=0, out=dw.reshape(-1))
     del prob
     return result
