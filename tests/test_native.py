@@ -125,6 +125,9 @@ STRUCTURAL = {
     "pointwise-3d-grouped": _geometry(3, c=24, o=16, size=5, k=1, pb=0, pe=0, n=5, groups=2),
     "few-channels-folded": _geometry(2, c=3, o=40, size=61, k=7, s=2, pb=3, pe=3, n=1),
     "few-channels-folded-1d": _geometry(1, c=2, o=20, size=150, k=5, s=3, d=2, pb=4, pe=1),
+    # weights (9 x 128 x 136 floats) far outweigh the data: weight-stationary items
+    "weight-stationary": _geometry(2, c=128, o=136, size=4, k=3, s=1, n=1),
+    "weight-stationary-strided": _geometry(2, c=136, o=128, size=5, k=3, s=2, n=2),
 }
 
 
@@ -449,3 +452,22 @@ def test_weight_gradients_come_back_in_the_callers_layout(isa, rng):
                        strides=case["strides"], dilations=case["dilations"],
                        pads_begin=case["pads_begin"], groups=1)
     assert_close(oix, want, np.float32)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_weight_stationary_calls(dtype, channels_last, rng):
+    """Weights that outweigh the data: the items split the output blocks; an NCX or
+    16-bit input is converted once beforehand, counted in the memory estimate."""
+    case = STRUCTURAL["weight-stationary-strided"]
+    from convgrad.geometry import make_geometry
+    geom = make_geometry("test", **case)
+    for kind in ("fwd", "dgrad"):
+        assert native._weight_stationary(geom, kind, native.engine().vl)
+    check(case, rng, dtype=dtype, channels_last=channels_last)
+    x, w, dy = make_arrays(case, rng, dtype, channels_last)
+    from convgrad import ops
+    call = ops.describe("dgrad", w, dy, geom, np.dtype(dtype))
+    parts = native.memory(call)
+    converted = [v for k, v in parts.items() if "float32 channels last" in k]
+    assert converted == ([] if channels_last and dtype == np.float32 else [dy.size * 4])

@@ -359,6 +359,11 @@ def memory(call) -> dict[str, int]:
     direct = call.op != "wgrad" and call.direct_result and call.out.dtype in DTYPE_CODES
     if (call.out.dtype != np.float32 and not direct) or layout not in call.out.layouts:
         parts[f"{ROLES[call.op][2]} before the caller's copy"] = call.out.size * 4
+    if call.op != "wgrad" and (data.dtype != np.float32 or "nxc" not in data.layouts):
+        eng = engine() if available() is None else None
+        if _weight_stationary(call.geom, call.op, eng.vl if eng else 8):
+            parts[f"{ROLES[call.op][0 if call.op == 'fwd' else 1]} in float32 channels "
+                  "last"] = math.prod(data.shape) * 4
     parts.update(workspace(call.geom, call.op))
     return parts
 
@@ -536,6 +541,25 @@ def _corr_taps(geom: ConvGeometry, kind: str):
     return phases, taps
 
 
+def _weight_stationary(geom: ConvGeometry, kind: str, vl: int) -> bool:
+    """Whether a forward or data gradient call's weights outweigh its input so far
+    that its items split the output blocks, a few blocks' weights each (ResNet-50
+    res5: 9.4 MB of weights, 0.8 MB of dy), instead of every item streaming all
+    the weights.  The input is then read in place, or converted once beforehand
+    (NCX or 16-bit callers): every item would convert its lines again."""
+    G = geom.groups
+    cin, cout = (geom.c, geom.o) if kind == "fwd" else (geom.o, geom.c)
+    lin = _pad3(geom.in_sizes if kind == "fwd" else geom.out_sizes, 1)
+    nb = _nv_for(cout // G, vl) * vl
+    panel_bytes = math.prod(geom.kernel) * (cin // G) * nb * 4
+    ob_group = 1 if panel_bytes <= CORR_L1_WEIGHT_BYTES else max(
+        1, min(-(-(cout // G) // nb), CORR_WEIGHT_BYTES // max(1, panel_bytes)))
+    nob = -(-(cout // G) // nb)
+    weight_bytes = G * nob * panel_bytes
+    data_bytes = geom.n * math.prod(lin) * cin * 4
+    return nob > ob_group and weight_bytes > CORR_WEIGHT_BYTES and weight_bytes > 2 * data_bytes
+
+
 @functools.lru_cache(maxsize=256)
 def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: int,
               packed: bool, out_buffered: bool, budgets: tuple) -> CorrPlan:
@@ -566,16 +590,10 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: i
     line_bytes = lin[2] * cin * 4
     pack_bytes, out_bytes = budgets[:2]
     budget = pack_bytes if packed else CORR_ITEM_BYTES
-    # Weight-stationary when the weights outweigh the input (ResNet-50 res5: 9.4 MB of
-    # weights, 0.8 MB of dy): items then also split the output blocks, a few blocks'
-    # weights each (kept in L2 while the item's pixels pass), instead of every item
-    # streaming all the weights.
+    # weight-stationary items (see _weight_stationary; the callers convert a packed
+    # input beforehand)
     nob = -(-(cout // G) // nb)
-    weight_bytes = G * nob * panel_bytes
-    data_bytes = n * math.prod(lin) * cin * 4
-    # (not when the input is converted: every item would convert its lines again)
-    ob_split = (not packed and nob > ob_group and weight_bytes > CORR_WEIGHT_BYTES
-                and weight_bytes > 2 * data_bytes)
+    ob_split = not packed and _weight_stationary(geom, kind, vl)
     ob_ranges = ([(b, min(nob, b + ob_group)) for b in range(0, nob, ob_group)] if ob_split
                  else [(0, nob)])
     items = []
@@ -624,6 +642,17 @@ def _pointwise(geom: ConvGeometry, *data: np.ndarray):
                                dilations=(1,), pads_begin=(0,), pads_end=(0,)), tuple(flat)
 
 
+def _stationary_input(a: np.ndarray, geom: ConvGeometry, kind: str, vl: int) -> np.ndarray:
+    """A packed input (NCX or 16-bit) of a weight-stationary call as a float32
+    channels-last copy, made once (at most half the weights' bytes); else ``a``."""
+    if not _is_packed(a) or not _weight_stationary(geom, kind, vl):
+        return a
+    if a.dtype != np.float32:
+        return np.ascontiguousarray(a, dtype=np.float32)
+    out = permuted_copy(a)
+    return np.ascontiguousarray(a) if out is None else out
+
+
 def _is_packed(a: np.ndarray) -> bool:
     """Whether the kernels convert ``a`` (not float32 with unit channel stride)."""
     return not (a.dtype == np.float32 and a.strides[-1] == a.itemsize)
@@ -668,6 +697,7 @@ def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry, out_dtype=None) -> np.
         y[...] = 0
         return y
     threads = _threads(geom.flops)
+    x = _stationary_input(x, geom, "fwd", eng.vl)
     geom, (xf, yf) = _pointwise(geom, x, y) if not (_is_packed(x) or _is_packed(y)) else (
         geom, (x, y))
     plan = corr_plan(geom, "fwd", eng.vl, eng.rmax_of, threads, _is_packed(xf),
@@ -692,6 +722,7 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> 
         dx[...] = 0
         return dx
     threads = _threads(geom.flops)
+    dy = _stationary_input(dy, geom, "dgrad", eng.vl)
     geom, (dyf, dxf) = _pointwise(geom, dy, dx) if not (_is_packed(dy) or _is_packed(dx)) else (
         geom, (dy, dx))
     plan = corr_plan(geom, "dgrad", eng.vl, eng.rmax_of, threads, _is_packed(dyf),
