@@ -471,3 +471,26 @@ def test_weight_stationary_calls(dtype, channels_last, rng):
     parts = native.memory(call)
     converted = [v for k, v in parts.items() if "float32 channels last" in k]
     assert converted == ([] if channels_last and dtype == np.float32 else [dy.size * 4])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16])
+@pytest.mark.parametrize("n", [1, 4, 5])
+def test_channels_first_pointwise_calls(dtype, n, rng, monkeypatch):
+    """1x1 calls on NCX memory run as correlations whose pixels are channels (no
+    layout change): every op equals the reference, the path is taken, and the
+    weight gradient's sums do not depend on the thread count (samples in order)."""
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    taken = []
+    real = native._transposed_pointwise
+    monkeypatch.setattr(native, "_transposed_pointwise",
+                        lambda *a: taken.append(1) or real(*a))
+    case = _geometry(2, c=40, o=24, size=11, k=1, pb=0, pe=0, n=n)
+    got = [check(case, rng, dtype=dtype, channels_last=False, threads=t) for t in (1, 2, 3)]
+    assert len(taken) >= 9          # every op of every call (wgrad: a block of samples each)
+    x, _, dy = make_arrays(case, rng, dtype, False)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    dws = []
+    for t in (1, 2, 3):
+        with convgrad.config(algo="native", threads=t):
+            dws.append(convgrad.conv_weight_grad(x, dy, (24, 40, 1, 1), **kw))
+    assert all(d.tobytes() == dws[0].tobytes() for d in dws)

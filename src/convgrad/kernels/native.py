@@ -642,6 +642,62 @@ def _pointwise(geom: ConvGeometry, *data: np.ndarray):
                                dilations=(1,), pads_begin=(0,), pads_end=(0,)), tuple(flat)
 
 
+def _channels_first_pointwise(geom: ConvGeometry, *data: np.ndarray):
+    """Per-sample ``(channels, positions)`` views of (N, *S, C) arrays whose every
+    sample is channels-first and contiguous (NCX memory), for a 1x1, stride-1,
+    unpadded, ungrouped problem; None otherwise."""
+    if (geom.groups != 1 or any(k != 1 for k in geom.kernel) or any(s != 1 for s in geom.strides)
+            or any(geom.pads_begin) or tuple(geom.in_sizes) != tuple(geom.out_sizes)):
+        return None
+    p = math.prod(geom.in_sizes)
+    views = []
+    for a in data:
+        es = a.itemsize
+        flat = a.reshape(a.shape[0], p, a.shape[-1]) if p > 0 else None
+        if (flat is None or a.dtype not in DTYPE_CODES or flat.strides[1] != es
+                or flat.strides[2] != p * es or p < 64 or a.shape[-1] < 8):
+            return None
+        views.append(np.swapaxes(flat, 1, 2))        # (N, channels, positions)
+    return views
+
+
+def _pixel_grid(m: int) -> tuple[int, int]:
+    """``m`` pixels as h x w lines (several lines: work items for the threads)."""
+    h = max((d for d in range(1, int(math.isqrt(m)) + 1) if m % d == 0), default=1)
+    return h, m // h
+
+
+def _transposed_pointwise(eng: Engine, a_of, b_of, outs, threads: int) -> None:
+    """Channels-first 1x1 problems as correlations whose pixels are channels: for
+    every sample k, ``outs[k]`` (M, B) = ``a_of(k)`` (M, A) @ ``b_of(k)`` (A, B), a
+    sample's positions being the correlation's channels (contiguous in NCX memory:
+    no layout change but the packing of the panels).  Whole samples per thread
+    when they share out evenly, else the threads inside each sample."""
+    n = len(outs)
+    per_sample = threads > 1 and n >= threads and n % threads == 0
+    t_in = 1 if per_sample else threads
+
+    def one(k):
+        a2, b2 = a_of(k), b_of(k)
+        (m, a), b = a2.shape, b2.shape[1]
+        h, w = _pixel_grid(m)
+        inp, out, b3 = a2.reshape(1, h, w, a), outs[k].view(), b2[None]
+        out.shape = (1, h, w, b)                     # (a view: raises rather than copy)
+        g = ConvGeometry(1, a, b, 1, (h, w), (1, 1), (h, w), (1, 1), (1, 1), (0, 0), (0, 0))
+        plan = corr_plan(g, "fwd", eng.vl, eng.rmax_of, t_in, _is_packed(inp), _is_packed(out),
+                         _budgets(t_in))
+        es = b3.itemsize
+        weights = _weights(eng, b3, a, b, b3.strides[1] // es, b3.strides[2] // es, 0, 1,
+                           plan.nv, t_in)
+        _corr(eng, plan, inp, out, weights, t_in)
+    if per_sample:
+        _pool.run_tasks([lambda lo=lo, hi=hi: [one(k) for k in range(lo, hi)]
+                         for lo, hi in _pool.split(n, threads)], threads)
+    else:
+        for k in range(n):
+            one(k)
+
+
 def _stationary_input(a: np.ndarray, geom: ConvGeometry, kind: str, vl: int) -> np.ndarray:
     """A packed input (NCX or 16-bit) of a weight-stationary call as a float32
     channels-last copy, made once (at most half the weights' bytes); else ``a``."""
@@ -697,6 +753,13 @@ def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry, out_dtype=None) -> np.
         y[...] = 0
         return y
     threads = _threads(geom.flops)
+    cf = _channels_first_pointwise(geom, x, y)
+    if cf is not None:
+        # y[n] (O, P) = w (O, C) @ x[n] (C, P)
+        xs, ys = cf
+        w2 = _weights_2d(w)[0].T
+        _transposed_pointwise(eng, lambda k: w2, lambda k: xs[k], ys, threads)
+        return y
     x = _stationary_input(x, geom, "fwd", eng.vl)
     geom, (xf, yf) = _pointwise(geom, x, y) if not (_is_packed(x) or _is_packed(y)) else (
         geom, (x, y))
@@ -722,6 +785,13 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> 
         dx[...] = 0
         return dx
     threads = _threads(geom.flops)
+    cf = _channels_first_pointwise(geom, dy, dx)
+    if cf is not None:
+        # dx[n] (C, P) = w^T (C, O) @ dy[n] (O, P)
+        dys, dxs = cf
+        w2 = _weights_2d(w)[0]
+        _transposed_pointwise(eng, lambda k: w2, lambda k: dys[k], dxs, threads)
+        return dx
     dy = _stationary_input(dy, geom, "dgrad", eng.vl)
     geom, (dyf, dxf) = _pointwise(geom, dy, dx) if not (_is_packed(dy) or _is_packed(dx)) else (
         geom, (dy, dx))
@@ -782,6 +852,20 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     if result.size == 0 or x.size == 0 or dy.size == 0:
         return result
     threads = _threads(geom.flops)
+    cf = _channels_first_pointwise(geom, x, dy)
+    if cf is not None:
+        # dw^T (O, C) = sum over n, in order, of dy[n] (O, P) @ x[n]^T (P, C): a block
+        # of one sample per thread at a time, so the sums never depend on threads
+        xs, dys = cf
+        acc = np.zeros((geom.o, geom.c), np.float32)
+        parts = np.empty((min(threads, geom.n), geom.o, geom.c), np.float32)
+        for n0 in range(0, geom.n, len(parts)):
+            k = min(len(parts), geom.n - n0)
+            _transposed_pointwise(eng, lambda j: dys[n0 + j], lambda j: xs[n0 + j].T,
+                                  parts[:k], threads)
+            for j in range(k):
+                acc += parts[j]
+        return acc.T.reshape(result.shape)
     if not (_is_packed(x) or _is_packed(dy)):     # (converted lines stay short)
         geom, (x, dy) = _pointwise(geom, x, dy)
     dw = result.reshape(*geom.kernel, cg, geom.o)
