@@ -365,6 +365,16 @@ def memory(call) -> dict[str, int]:
             parts[f"{ROLES[call.op][0 if call.op == 'fwd' else 1]} in float32 channels "
                   "last"] = math.prod(data.shape) * 4
     parts.update(workspace(call.geom, call.op))
+    data_ops = {"fwd": (call.a,), "dgrad": (call.b,), "wgrad": (call.a, call.b)}[call.op]
+    if _plain_pointwise(call.geom) and all("nxc" not in d.layouts and "ncx" in d.layouts
+                                           for d in data_ops):
+        # channels-first 1x1 calls (_transposed_pointwise): a sample's panels per thread
+        g, threads = call.geom, _threads(call.geom.flops)
+        p = math.prod(g.in_sizes)
+        b = {"fwd": g.c, "dgrad": g.o, "wgrad": g.c}[call.op] * (p + 64)
+        parts["a sample's panels, per thread"] = threads * b * 4
+        if call.op == "wgrad":
+            parts["per-sample weight gradients"] = (min(threads, g.n) + 1) * g.o * g.c * 4
     return parts
 
 
@@ -642,12 +652,18 @@ def _pointwise(geom: ConvGeometry, *data: np.ndarray):
                                dilations=(1,), pads_begin=(0,), pads_end=(0,)), tuple(flat)
 
 
+def _plain_pointwise(geom: ConvGeometry) -> bool:
+    """1x1, stride 1, unpadded, ungrouped."""
+    return (geom.groups == 1 and all(k == 1 for k in geom.kernel)
+            and all(s == 1 for s in geom.strides) and not any(geom.pads_begin)
+            and tuple(geom.in_sizes) == tuple(geom.out_sizes))
+
+
 def _channels_first_pointwise(geom: ConvGeometry, *data: np.ndarray):
     """Per-sample ``(channels, positions)`` views of (N, *S, C) arrays whose every
     sample is channels-first and contiguous (NCX memory), for a 1x1, stride-1,
     unpadded, ungrouped problem; None otherwise."""
-    if (geom.groups != 1 or any(k != 1 for k in geom.kernel) or any(s != 1 for s in geom.strides)
-            or any(geom.pads_begin) or tuple(geom.in_sizes) != tuple(geom.out_sizes)):
+    if not _plain_pointwise(geom):
         return None
     p = math.prod(geom.in_sizes)
     views = []
