@@ -458,7 +458,8 @@ def test_weight_gradients_come_back_in_the_callers_layout(isa, rng):
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_weight_stationary_calls(dtype, channels_last, rng):
     """Weights that outweigh the data: the items split the output blocks; an NCX or
-    16-bit input is converted once beforehand, counted in the memory estimate."""
+    16-bit input is converted once beforehand (the weight gradient's two inputs
+    too), counted in the memory estimate."""
     case = STRUCTURAL["weight-stationary-strided"]
     from convgrad.geometry import make_geometry
     geom = make_geometry("test", **case)
@@ -471,6 +472,12 @@ def test_weight_stationary_calls(dtype, channels_last, rng):
     parts = native.memory(call)
     converted = [v for k, v in parts.items() if "float32 channels last" in k]
     assert converted == ([] if channels_last and dtype == np.float32 else [dy.size * 4])
+    # a weight gradient whose inputs are small beside it converts them once, too
+    assert native._small_wgrad_inputs(geom)
+    parts = native.memory(ops.describe("wgrad", x, dy, geom, np.dtype(dtype)))
+    converted = sorted(v for k, v in parts.items() if "float32 channels last" in k)
+    assert converted == ([] if channels_last and dtype == np.float32
+                         else sorted([x.size * 4, dy.size * 4]))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16])

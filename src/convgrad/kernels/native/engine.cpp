@@ -1090,6 +1090,11 @@ float cg_fma_loop(int64_t iters) {
 
 int64_t cg_fma_loop_flops(void) { return 2 * VL * ACC; }
 
+// n values of dtype (float32, float16, bfloat16) converted to floats.
+void cg_load_floats(float* dst, const void* src, int64_t dtype, int64_t n) {
+    convert_run(dst, src, dtype, 1, n);
+}
+
 // n floats converted to dtype (float32, float16, bfloat16) as results are stored.
 void cg_store_floats(void* dst, int64_t dtype, const float* src, int64_t n) {
     store_run(dst, dtype, 1, src, n);
