@@ -124,6 +124,9 @@ STRUCTURAL = {
     "pointwise-3d-grouped": _geometry(3, c=24, o=16, size=5, k=1, pb=0, pe=0, n=5, groups=2),
     "few-channels-folded": _geometry(2, c=3, o=40, size=61, k=7, s=2, pb=3, pe=3, n=1),
     "few-channels-folded-1d": _geometry(1, c=2, o=20, size=150, k=5, s=3, d=2, pb=4, pe=1),
+    # weights (9 x 128 x 136 floats) far outweigh the data: weight-stationary items
+    "weight-stationary": _geometry(2, c=128, o=136, size=4, k=3, s=1, n=1),
+    "weight-stationary-strided": _geometry(2, c=136, o=128, size=5, k=3, s=2, n=2),
 }
 
 
@@ -438,3 +441,52 @@ def test_weight_gradients_come_back_in_the_callers_layout(isa, rng):
                        strides=case["strides"], dilations=case["dilations"],
                        pads_begin=case["pads_begin"], groups=1)
     assert_close(oix, want, np.float32)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_weight_stationary_calls(dtype, channels_last, rng):
+    """Weights that outweigh the data: the items split the output blocks; an NCX or
+    16-bit input is converted once beforehand (the weight gradient's two inputs
+    too), counted in the memory estimate."""
+    case = STRUCTURAL["weight-stationary-strided"]
+    from convgrad.geometry import make_geometry
+    geom = make_geometry("test", **case)
+    for kind in ("fwd", "dgrad"):
+        assert native._weight_stationary(geom, kind, native.engine().vl)
+    check(case, rng, dtype=dtype, channels_last=channels_last)
+    x, w, dy = make_arrays(case, rng, dtype, channels_last)
+    from convgrad import ops
+    call = ops.describe("dgrad", w, dy, geom, np.dtype(dtype))
+    parts = native.memory(call)
+    converted = [v for k, v in parts.items() if "float32 channels last" in k]
+    assert converted == ([] if channels_last and dtype == np.float32 else [dy.size * 4])
+    # a weight gradient whose inputs are small beside it converts them once, too
+    assert native._small_wgrad_inputs(geom)
+    parts = native.memory(ops.describe("wgrad", x, dy, geom, np.dtype(dtype)))
+    converted = sorted(v for k, v in parts.items() if "float32 channels last" in k)
+    assert converted == ([] if channels_last and dtype == np.float32
+                         else sorted([x.size * 4, dy.size * 4]))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16])
+@pytest.mark.parametrize("n", [1, 4, 5])
+def test_channels_first_pointwise_calls(dtype, n, rng, monkeypatch):
+    """1x1 calls on NCX memory run as correlations whose pixels are channels (no
+    layout change): every op equals the reference, the path is taken, and the
+    weight gradient's sums do not depend on the thread count (samples in order)."""
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    taken = []
+    real = native._transposed_pointwise
+    monkeypatch.setattr(native, "_transposed_pointwise",
+                        lambda *a: taken.append(1) or real(*a))
+    case = _geometry(2, c=40, o=24, size=11, k=1, pb=0, pe=0, n=n)
+    got = [check(case, rng, dtype=dtype, channels_last=False, threads=t) for t in (1, 2, 3)]
+    assert len(taken) >= 9          # every op of every call (wgrad: a block of samples each)
+    x, _, dy = make_arrays(case, rng, dtype, False)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    dws = []
+    for t in (1, 2, 3):
+        with convgrad.config(algo="native", threads=t):
+            dws.append(convgrad.conv_weight_grad(x, dy, (24, 40, 1, 1), **kw))
+    assert all(d.tobytes() == dws[0].tobytes() for d in dws)

@@ -145,6 +145,7 @@ class Engine:
                 ("cg_permute", None, [vp, vp, i64, vp, vp, vp, i64, i64]),
                 ("cg_fma_loop", ctypes.c_float, [i64]),
                 ("cg_store_floats", None, [vp, i64, vp, i64]),
+                ("cg_load_floats", None, [vp, vp, i64, i64]),
                 ("cg_fma_loop_flops", i64, [])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
@@ -359,7 +360,26 @@ def memory(call) -> dict[str, int]:
     direct = call.op != "wgrad" and call.direct_result and call.out.dtype in DTYPE_CODES
     if (call.out.dtype != np.float32 and not direct) or layout not in call.out.layouts:
         parts[f"{ROLES[call.op][2]} before the caller's copy"] = call.out.size * 4
+    if call.op != "wgrad" and (data.dtype != np.float32 or "nxc" not in data.layouts):
+        eng = engine() if available() is None else None
+        if _weight_stationary(call.geom, call.op, eng.vl if eng else 8):
+            parts[f"{ROLES[call.op][0 if call.op == 'fwd' else 1]} in float32 channels "
+                  "last"] = math.prod(data.shape) * 4
+    if call.op == "wgrad" and _small_wgrad_inputs(call.geom):
+        for role, d in (("x", call.a), ("dy", call.b)):
+            if d.dtype != np.float32 or "nxc" not in d.layouts:
+                parts[f"{role} in float32 channels last"] = math.prod(d.shape) * 4
     parts.update(workspace(call.geom, call.op))
+    data_ops = {"fwd": (call.a,), "dgrad": (call.b,), "wgrad": (call.a, call.b)}[call.op]
+    if _plain_pointwise(call.geom) and all("nxc" not in d.layouts and "ncx" in d.layouts
+                                           for d in data_ops):
+        # channels-first 1x1 calls (_transposed_pointwise): a sample's panels per thread
+        g, threads = call.geom, _threads(call.geom.flops)
+        p = math.prod(g.in_sizes)
+        b = {"fwd": g.c, "dgrad": g.o, "wgrad": g.c}[call.op] * (p + 64)
+        parts["a sample's panels, per thread"] = threads * b * 4
+        if call.op == "wgrad":
+            parts["per-sample weight gradients"] = (min(threads, g.n) + 1) * g.o * g.c * 4
     return parts
 
 
@@ -536,6 +556,25 @@ def _corr_taps(geom: ConvGeometry, kind: str):
     return phases, taps
 
 
+def _weight_stationary(geom: ConvGeometry, kind: str, vl: int) -> bool:
+    """Whether a forward or data gradient call's weights outweigh its input so far
+    that its items split the output blocks, a few blocks' weights each (ResNet-50
+    res5: 9.4 MB of weights, 0.8 MB of dy), instead of every item streaming all
+    the weights.  The input is then read in place, or converted once beforehand
+    (NCX or 16-bit callers): every item would convert its lines again."""
+    G = geom.groups
+    cin, cout = (geom.c, geom.o) if kind == "fwd" else (geom.o, geom.c)
+    lin = _pad3(geom.in_sizes if kind == "fwd" else geom.out_sizes, 1)
+    nb = _nv_for(cout // G, vl) * vl
+    panel_bytes = math.prod(geom.kernel) * (cin // G) * nb * 4
+    ob_group = 1 if panel_bytes <= CORR_L1_WEIGHT_BYTES else max(
+        1, min(-(-(cout // G) // nb), CORR_WEIGHT_BYTES // max(1, panel_bytes)))
+    nob = -(-(cout // G) // nb)
+    weight_bytes = G * nob * panel_bytes
+    data_bytes = geom.n * math.prod(lin) * cin * 4
+    return nob > ob_group and weight_bytes > CORR_WEIGHT_BYTES and weight_bytes > 2 * data_bytes
+
+
 @functools.lru_cache(maxsize=256)
 def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: int,
               packed: bool, out_buffered: bool, budgets: tuple) -> CorrPlan:
@@ -566,16 +605,10 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: i
     line_bytes = lin[2] * cin * 4
     pack_bytes, out_bytes = budgets[:2]
     budget = pack_bytes if packed else CORR_ITEM_BYTES
-    # Weight-stationary when the weights outweigh the input (ResNet-50 res5: 9.4 MB of
-    # weights, 0.8 MB of dy): items then also split the output blocks, a few blocks'
-    # weights each (kept in L2 while the item's pixels pass), instead of every item
-    # streaming all the weights.
+    # weight-stationary items (see _weight_stationary; the callers convert a packed
+    # input beforehand)
     nob = -(-(cout // G) // nb)
-    weight_bytes = G * nob * panel_bytes
-    data_bytes = n * math.prod(lin) * cin * 4
-    # (not when the input is converted: every item would convert its lines again)
-    ob_split = (not packed and nob > ob_group and weight_bytes > CORR_WEIGHT_BYTES
-                and weight_bytes > 2 * data_bytes)
+    ob_split = not packed and _weight_stationary(geom, kind, vl)
     ob_ranges = ([(b, min(nob, b + ob_group)) for b in range(0, nob, ob_group)] if ob_split
                  else [(0, nob)])
     items = []
@@ -622,6 +655,94 @@ def _pointwise(geom: ConvGeometry, *data: np.ndarray):
     p = math.prod(geom.in_sizes)
     return dataclasses.replace(geom, in_sizes=(p,), out_sizes=(p,), kernel=(1,), strides=(1,),
                                dilations=(1,), pads_begin=(0,), pads_end=(0,)), tuple(flat)
+
+
+def _plain_pointwise(geom: ConvGeometry) -> bool:
+    """1x1, stride 1, unpadded, ungrouped."""
+    return (geom.groups == 1 and all(k == 1 for k in geom.kernel)
+            and all(s == 1 for s in geom.strides) and not any(geom.pads_begin)
+            and tuple(geom.in_sizes) == tuple(geom.out_sizes))
+
+
+def _channels_first_pointwise(geom: ConvGeometry, *data: np.ndarray):
+    """Per-sample ``(channels, positions)`` views of (N, *S, C) arrays whose every
+    sample is channels-first and contiguous (NCX memory), for a 1x1, stride-1,
+    unpadded, ungrouped problem; None otherwise."""
+    if not _plain_pointwise(geom):
+        return None
+    p = math.prod(geom.in_sizes)
+    views = []
+    for a in data:
+        es = a.itemsize
+        flat = a.reshape(a.shape[0], p, a.shape[-1]) if p > 0 else None
+        if (flat is None or a.dtype not in DTYPE_CODES or flat.strides[1] != es
+                or flat.strides[2] != p * es or p < 64 or a.shape[-1] < 8):
+            return None
+        views.append(np.swapaxes(flat, 1, 2))        # (N, channels, positions)
+    return views
+
+
+def _pixel_grid(m: int) -> tuple[int, int]:
+    """``m`` pixels as h x w lines (several lines: work items for the threads)."""
+    h = max((d for d in range(1, int(math.isqrt(m)) + 1) if m % d == 0), default=1)
+    return h, m // h
+
+
+def _transposed_pointwise(eng: Engine, a_of, b_of, outs, threads: int) -> None:
+    """Channels-first 1x1 problems as correlations whose pixels are channels: for
+    every sample k, ``outs[k]`` (M, B) = ``a_of(k)`` (M, A) @ ``b_of(k)`` (A, B), a
+    sample's positions being the correlation's channels (contiguous in NCX memory:
+    no layout change but the packing of the panels).  Whole samples per thread
+    when they share out evenly, else the threads inside each sample."""
+    n = len(outs)
+    per_sample = threads > 1 and n >= threads and n % threads == 0
+    t_in = 1 if per_sample else threads
+
+    def one(k):
+        a2, b2 = a_of(k), b_of(k)
+        (m, a), b = a2.shape, b2.shape[1]
+        h, w = _pixel_grid(m)
+        inp, out, b3 = a2.reshape(1, h, w, a), outs[k].view(), b2[None]
+        out.shape = (1, h, w, b)                     # (a view: raises rather than copy)
+        g = ConvGeometry(1, a, b, 1, (h, w), (1, 1), (h, w), (1, 1), (1, 1), (0, 0), (0, 0))
+        plan = corr_plan(g, "fwd", eng.vl, eng.rmax_of, t_in, _is_packed(inp), _is_packed(out),
+                         _budgets(t_in))
+        es = b3.itemsize
+        weights = _weights(eng, b3, a, b, b3.strides[1] // es, b3.strides[2] // es, 0, 1,
+                           plan.nv, t_in)
+        _corr(eng, plan, inp, out, weights, t_in)
+    if per_sample:
+        _pool.run_tasks([lambda lo=lo, hi=hi: [one(k) for k in range(lo, hi)]
+                         for lo, hi in _pool.split(n, threads)], threads)
+    else:
+        for k in range(n):
+            one(k)
+
+
+def _small_wgrad_inputs(geom: ConvGeometry) -> bool:
+    """Whether a weight gradient's inputs are small beside its result (float32
+    copies of both at most a quarter of it: ResNet-50 res5, 1.6 MB against 9.4):
+    packed ones (NCX, 16-bit) are then converted once, not once per tap."""
+    data = geom.n * geom.c * math.prod(geom.in_sizes) + geom.n * geom.o * math.prod(
+        geom.out_sizes)
+    return 4 * data <= math.prod(geom.kernel) * (geom.c // geom.groups) * geom.o
+
+
+def _stationary_input(a: np.ndarray, geom: ConvGeometry, kind: str, vl: int) -> np.ndarray:
+    """A packed input (NCX or 16-bit) of a weight-stationary call, or of a weight
+    gradient with small inputs (``kind="wgrad"``), as a float32 channels-last
+    copy, made once (at most half the weights' bytes); else ``a``."""
+    if not _is_packed(a) or not (_small_wgrad_inputs(geom) if kind == "wgrad"
+                                 else _weight_stationary(geom, kind, vl)):
+        return a
+    out = a if a.flags.c_contiguous else permuted_copy(a)
+    out = np.ascontiguousarray(a) if out is None else out
+    if out.dtype == np.float32:
+        return out
+    f32 = np.empty(out.shape, np.float32)
+    engine().lib.cg_load_floats(f32.ctypes.data, out.ctypes.data, DTYPE_CODES[out.dtype],
+                                out.size)
+    return f32
 
 
 def _is_packed(a: np.ndarray) -> bool:
@@ -693,6 +814,17 @@ def _corr_into(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray, geom:
         out[...] = 0
         return out
     threads = _threads(geom.flops)
+    if lines is None:
+        cf = _channels_first_pointwise(geom, inp, out)
+        if cf is not None:
+            # fwd: y[n] (O, P) = w (O, C) @ x[n] (C, P); dgrad: dx[n] (C, P) = w^T (C, O)
+            # @ dy[n] (O, P)
+            ins, outs = cf
+            w2 = _weights_2d(w)[0].T if kind == "fwd" else _weights_2d(w)[0]
+            _transposed_pointwise(eng, lambda k: w2, lambda k: ins[k], outs, threads)
+            return out
+        # (a recomputation of a few lines reads its input in place)
+        inp = _stationary_input(inp, geom, kind, eng.vl)
     if lines is None and not (_is_packed(inp) or _is_packed(out)):
         geom, (inp_f, out_f) = _pointwise(geom, inp, out)
     else:
@@ -762,6 +894,21 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     if result.size == 0 or x.size == 0 or dy.size == 0:
         return result
     threads = _threads(geom.flops)
+    x, dy = (_stationary_input(a, geom, "wgrad", eng.vl) for a in (x, dy))
+    cf = _channels_first_pointwise(geom, x, dy)
+    if cf is not None:
+        # dw^T (O, C) = sum over n, in order, of dy[n] (O, P) @ x[n]^T (P, C): a block
+        # of one sample per thread at a time, so the sums never depend on threads
+        xs, dys = cf
+        acc = np.zeros((geom.o, geom.c), np.float32)
+        parts = np.empty((min(threads, geom.n), geom.o, geom.c), np.float32)
+        for n0 in range(0, geom.n, len(parts)):
+            k = min(len(parts), geom.n - n0)
+            _transposed_pointwise(eng, lambda j: dys[n0 + j], lambda j: xs[n0 + j].T,
+                                  parts[:k], threads)
+            for j in range(k):
+                acc += parts[j]
+        return acc.T.reshape(result.shape)
     if not (_is_packed(x) or _is_packed(dy)):     # (converted lines stay short)
         geom, (x, dy) = _pointwise(geom, x, dy)
     dw = result.reshape(*geom.kernel, cg, geom.o)

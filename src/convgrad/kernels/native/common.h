@@ -35,6 +35,11 @@ inline bool direct_f32(const Tensor& t) { return t.dtype == F32 && t.stride[4] =
 inline void convert_line(float* o, const Tensor& t, int64_t n, int64_t d, int64_t h, int64_t W,
                          int64_t C) {
     const int64_t sw = t.stride[3], sc = t.stride[4];
+    if (sc == 1 && sw == C) {
+        // the pixels' channels follow each other: one run (few channels: long vectors)
+        convert_run(o, at(t, n, d, h, 0, 0), t.dtype, 1, W * C);
+        return;
+    }
     if (sc == 1 || sw > sc) {
         for (int64_t w = 0; w < W; w++) convert_run(o + w * C, at(t, n, d, h, w, 0), t.dtype, sc, C);
         return;
