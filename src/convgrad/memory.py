@@ -40,7 +40,7 @@ _last_reading: tuple[float, int | None] = (-1e9, None)
 
 def available_bytes() -> int | None:
     """Memory the machine can give this process now, in bytes (None if unknown);
-    a reading at most :data:`AVAILABLE_TTL` seconds old."""
+    a reading at most ``AVAILABLE_TTL`` seconds old."""
     global _last_reading
     now = time.monotonic()
     if now - _last_reading[0] < AVAILABLE_TTL:
