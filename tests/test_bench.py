@@ -277,3 +277,35 @@ def test_convgrad_bench_entry_point(tmp_path):
         if len(parties) > 1:
             assert e["ratio"] == pytest.approx(e["fastest_peer_ms"] / best, rel=2e-2)
     assert cli("bench", "--bogus").returncode == 2
+
+
+def test_precision_highest_keeps_the_direct_kernels(tmp_path, monkeypatch):
+    """--precision highest times convgrad with config(precision='highest'): a 3-tap
+    stride-1 layer the chooser would give to Winograd runs on the direct kernels,
+    and the report says which precision ran."""
+    from convgrad import kernels, settings
+    layer = dict(name="dense_s1", N=2, C=64, O=64, S=[28, 28], K=[3, 3], strides=[1, 1],
+                 pads=[1, 1], dilations=[1, 1], groups=1)
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({"layers": [layer]}))
+    seen = []
+    real = kernels.select
+
+    def spy(op, geom, dtype, algo="auto", **kw):
+        k = real(op, geom, dtype, algo, **kw)
+        seen.append((settings.precision(), k.name))
+        return k
+    monkeypatch.setattr(kernels, "select", spy)
+    for precision in ("default", "highest"):
+        seen.clear()
+        out = tmp_path / precision
+        assert bench_main(["--suite", str(suite), "--parties", "convgrad", "--repeat", "1",
+                           "--warmup", "0", "--pause", "0", "--no-ceilings", "--no-memory",
+                           "--scaling", "none", "--precision", precision,
+                           "--out", str(out)]) == 0
+        rec = json.load(open(out / "benchmark.json"))
+        assert rec["precision"] == precision
+        assert f"convgrad's precision: `{precision}`" in (out / "benchmark.md").read_text()
+        assert seen and all(p == precision for p, _ in seen)
+        names = {name for _, name in seen}
+        assert ("winograd" in names) == (precision == "default"), names

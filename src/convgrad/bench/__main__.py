@@ -42,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="the layer whose GFLOP/s is also measured for batch 1-64 and "
                         "1..threads threads (default: r50_res2_3x3:dgrad when the suite has "
                         "it); 'none' skips it")
+    p.add_argument("--precision", default="default", choices=["default", "highest"],
+                   help="convgrad's config(precision=...): 'highest' keeps the direct "
+                        "kernels (no Winograd)")
     p.add_argument("--list", action="store_true", help="list the suite's layers and exit")
     return p
 
@@ -68,7 +71,7 @@ def run_args(args: argparse.Namespace, progress=_print_progress) -> int:
                            threads=args.threads, out_dir=args.out, progress=progress,
                            suite=args.suite, memory=not args.no_memory,
                            ceilings=not args.no_ceilings, pause=args.pause,
-                           scaling=_scaling(args))
+                           scaling=_scaling(args), precision=args.precision)
     s = record["summary"]
     if "geomean_ratio" in s:
         print(f"geometric mean of fastest peer / convgrad: {s['geomean_ratio']:.3f} "

@@ -464,7 +464,7 @@ def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repe
                   warmup: int = 1, threads: int = 2, out_dir="benchmarks/results",
                   progress=None, *, suite=None, seed: int = 0, memory: bool = True,
                   ceilings: bool = True, pause: float = 0.15,
-                  scaling: str | None = None) -> dict:
+                  scaling: str | None = None, precision: str = "default") -> dict:
     """Time convgrad and the installed peers on the suite; return the record.
 
     Parameters
@@ -490,6 +490,9 @@ def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repe
         Where :func:`write_report` writes the record; None writes nothing.
     progress : callable, optional
         ``progress(done, total, label)`` after each (layer, op) and before the first.
+    precision : {"default", "highest"}
+        convgrad's ``config(precision=...)`` for its timed calls: ``"highest"``
+        keeps the direct kernels (no Winograd).
     suite : path, optional
         Another suite.json.
     pause : float
@@ -526,8 +529,9 @@ def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repe
               "machine": machine_info(), "threads": threads, "repeat": repeat, "warmup": warmup,
               "dtypes": list(dtypes), "parties": names, "thread_settings": thread_settings,
               "pause_s": pause, "tolerance": TOLERANCE, "load_average_start": _loadavg(),
-              "results": []}
-    with _blas_threads(threads) as blas:
+              "precision": precision, "results": []}
+    import convgrad
+    with _blas_threads(threads) as blas, convgrad.config(precision=precision):
         record["thread_settings"]["numpy_blas"] = blas
         record["ceilings"] = ({"gemm": gemm_ceiling(), "copy": copy_bandwidth(),
                                "fma": fma_peak(threads)} if ceilings else {})

@@ -68,6 +68,11 @@ def markdown(record: dict) -> str:
         lines.append(f"- Load average (1/5/15 min) at start {la[0]:.2f}/{la[1]:.2f}/{la[2]:.2f}, "
                      f"at end {lb[0]:.2f}/{lb[1]:.2f}/{lb[2]:.2f} (other work on the machine "
                      "skews timings).")
+    prec = record.get("precision", "default")
+    lines.append(f"- convgrad's precision: `{prec}` "
+                 + ("(direct kernels only, no Winograd)." if prec == "highest" else
+                    "(Winograd where its error model stays within 1e-5, D24; "
+                    "`--precision highest` keeps the direct kernels)."))
     eng = m.get("native_engine")
     if eng:
         lines.append(f"- convgrad's native engine: the `{eng.get('default')}` build ran "
