@@ -344,9 +344,16 @@ def workspace(geom: ConvGeometry, op: str) -> dict[str, int]:
 def memory(call) -> dict[str, int]:
     """The registry's memory estimate (kernels.Call): no input copies (inputs are
     read in place or converted a block of lines at a time), the float32 result
-    when the caller keeps another (another layout; a float16/bfloat16 weight
-    gradient, or a data result the call does not take in its own dtype), and
-    :func:`workspace`."""
+    when the caller keeps another (:func:`result_copy`), and :func:`workspace`."""
+    parts = result_copy(call)
+    parts.update(workspace(call.geom, call.op))
+    return parts
+
+
+def result_copy(call) -> dict[str, int]:
+    """The float32 result of an engine kernel when the caller keeps another (another
+    layout; a float16/bfloat16 weight gradient, or a data result the call does not
+    take in its own dtype); nothing otherwise."""
     from . import ROLES
     parts = {}
     if call.op == "wgrad":
@@ -357,7 +364,6 @@ def memory(call) -> dict[str, int]:
     direct = call.op != "wgrad" and call.direct_result and call.out.dtype in DTYPE_CODES
     if (call.out.dtype != np.float32 and not direct) or layout not in call.out.layouts:
         parts[f"{ROLES[call.op][2]} before the caller's copy"] = call.out.size * 4
-    parts.update(workspace(call.geom, call.op))
     return parts
 
 
