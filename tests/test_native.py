@@ -125,6 +125,9 @@ STRUCTURAL = {
     "pointwise-3d-grouped": _geometry(3, c=24, o=16, size=5, k=1, pb=0, pe=0, n=5, groups=2),
     "few-channels-folded": _geometry(2, c=3, o=40, size=61, k=7, s=2, pb=3, pe=3, n=1),
     "few-channels-folded-1d": _geometry(1, c=2, o=20, size=150, k=5, s=3, d=2, pb=4, pe=1),
+    # weights (9 x 128 x 136 floats) far outweigh the data: weight-stationary items
+    "weight-stationary": _geometry(2, c=128, o=136, size=4, k=3, s=1, n=1),
+    "weight-stationary-strided": _geometry(2, c=136, o=128, size=5, k=3, s=2, n=2),
 }
 
 
@@ -379,3 +382,115 @@ def test_16_bit_calls_round_their_result_once_where_it_is_stored(dtype, channels
                                           wide.astype(dtype).view(np.uint16))
         y = convgrad.conv_forward(x, w, **kw)
     assert y.dtype == np.dtype(dtype) and y.flags.c_contiguous
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("layout", ["XIO", "OIX", "strided"])
+@pytest.mark.parametrize("groups", [1, 2])
+def test_weights_in_any_layout(isa, layout, groups, rng):
+    """Weights packed from channels-last (XIO: the data gradient's panels are 8 x 8
+    transposes of it), channels-first and non-contiguous views."""
+    case = _geometry(2, c=16 * groups, o=24 * groups, size=11, k=3, groups=groups)
+    x, _, dy = make_arrays(case, rng, np.float32, True)
+    shape = (case["o"], 16, 3, 3)
+    if layout == "XIO":
+        w = np.transpose(rng.standard_normal((3, 3, 16, case["o"])).astype(np.float32),
+                         (3, 2, 0, 1))
+    elif layout == "OIX":
+        w = rng.standard_normal(shape).astype(np.float32)
+    else:
+        w = rng.standard_normal((shape[0], 2 * shape[1], 3, 5)).astype(np.float32)[:, ::2, :, 1:4]
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    args = dict(strides=case["strides"], dilations=case["dilations"],
+                pads_begin=case["pads_begin"], groups=groups)
+    with convgrad.config(algo="native", isa=isa):
+        y = convgrad.conv_forward(x, w, **kw)
+        dx = convgrad.conv_data_grad(w, dy, x.shape, **kw)
+    assert_close(y, naive.forward(x, w, case["out_sizes"], **args), np.float32)
+    assert_close(dx, naive.dgrad(w, dy, case["in_sizes"], **args), np.float32)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16])
+def test_permuted_copies_are_exact(isa, dtype, rng):
+    """The engine's blocked transposes (results brought back to a caller's layout)
+    copy every element of a permuted view, edges of odd sizes included."""
+    for shape, perm in [((9, 130, 131), (2, 1, 0)), ((3, 3, 67, 129), (3, 2, 0, 1)),
+                        ((5, 7, 9, 11, 13), (4, 2, 0, 3, 1)), ((33, 40, 29), (1, 2, 0)),
+                        ((2, 3, 3, 3, 70, 90), None)]:
+        a = rng.standard_normal(shape).astype(dtype)
+        if perm is None:                    # rank 6: NumPy's copy
+            assert native.permuted_copy(a.transpose(5, 4, 3, 2, 1, 0)) is None
+            continue
+        v = a.transpose(perm)
+        with convgrad.config(isa=isa):
+            got = native.permuted_copy(v)
+        assert got is not None and got.flags.c_contiguous and got.dtype == v.dtype
+        assert got.tobytes() == np.ascontiguousarray(v).tobytes()
+    # last axis contiguous, or rows not unit-strided: NumPy's copy
+    assert native.permuted_copy(np.zeros((300, 200), dtype)[:, ::2]) is None
+    assert native.permuted_copy(np.zeros((300, 200), dtype)[::2].T) is None
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_weight_gradients_come_back_in_the_callers_layout(isa, rng):
+    """A channels-first (OIX) weight gradient large enough for the blocked
+    transposes equals the channels-last (XIO) one, and the reference."""
+    from convgrad import onednn
+    case = _geometry(2, c=48, o=72, size=9, k=3, groups=1)
+    x, _, dy = make_arrays(case, rng, np.float32, False)
+    attrs = dict(strides=list(case["strides"]), pads_begin=list(case["pads_begin"]),
+                 pads_end=list(case["pads_end"]), dilations=list(case["dilations"]))
+    with convgrad.config(algo="native", isa=isa):
+        oix = onednn.convolution_backward_weights(x, dy, [72, 48, 3, 3], data_format="NCX",
+                                                  weights_format="OIX", **attrs)
+        xio = onednn.convolution_backward_weights(x, dy, [3, 3, 48, 72], data_format="NCX",
+                                                  weights_format="XIO", **attrs)
+    assert oix.flags.c_contiguous and oix.shape == (72, 48, 3, 3)
+    assert np.array_equal(oix, xio.transpose(3, 2, 0, 1))
+    want = naive.wgrad(x.astype(np.float64), dy.astype(np.float64), (3, 3),
+                       strides=case["strides"], dilations=case["dilations"],
+                       pads_begin=case["pads_begin"], groups=1)
+    assert_close(oix, want, np.float32)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_weight_stationary_calls(dtype, channels_last, rng):
+    """Weights that outweigh the data: the items split the output blocks; an NCX or
+    16-bit input is converted once beforehand, counted in the memory estimate."""
+    case = STRUCTURAL["weight-stationary-strided"]
+    from convgrad.geometry import make_geometry
+    geom = make_geometry("test", **case)
+    for kind in ("fwd", "dgrad"):
+        assert native._weight_stationary(geom, kind, native.engine().vl)
+    check(case, rng, dtype=dtype, channels_last=channels_last)
+    x, w, dy = make_arrays(case, rng, dtype, channels_last)
+    from convgrad import ops
+    call = ops.describe("dgrad", w, dy, geom, np.dtype(dtype))
+    parts = native.memory(call)
+    converted = [v for k, v in parts.items() if "float32 channels last" in k]
+    assert converted == ([] if channels_last and dtype == np.float32 else [dy.size * 4])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16])
+@pytest.mark.parametrize("n", [1, 4, 5])
+def test_channels_first_pointwise_calls(dtype, n, rng, monkeypatch):
+    """1x1 calls on NCX memory run as correlations whose pixels are channels (no
+    layout change): every op equals the reference, the path is taken, and the
+    weight gradient's sums do not depend on the thread count (samples in order)."""
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    taken = []
+    real = native._transposed_pointwise
+    monkeypatch.setattr(native, "_transposed_pointwise",
+                        lambda *a: taken.append(1) or real(*a))
+    case = _geometry(2, c=40, o=24, size=11, k=1, pb=0, pe=0, n=n)
+    got = [check(case, rng, dtype=dtype, channels_last=False, threads=t) for t in (1, 2, 3)]
+    assert len(taken) >= 9          # every op of every call (wgrad: a block of samples each)
+    x, _, dy = make_arrays(case, rng, dtype, False)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    dws = []
+    for t in (1, 2, 3):
+        with convgrad.config(algo="native", threads=t):
+            dws.append(convgrad.conv_weight_grad(x, dy, (24, 40, 1, 1), **kw))
+    assert all(d.tobytes() == dws[0].tobytes() for d in dws)

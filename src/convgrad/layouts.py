@@ -201,3 +201,16 @@ TF_WEIGHTS = WeightLayout("HWIO", "xco")
 TF_DEPTHWISE_WEIGHTS = WeightLayout("HWCM", "xgo")
 # Canonical.
 OIX = CONV_WEIGHTS["OIX"]
+
+
+def contiguous(a: np.ndarray) -> np.ndarray:
+    """``a`` C-contiguous: itself when it already is, else a copy in the spec
+    layout (the last step of every call, from the kernel's memory order to the
+    caller's).  Permuted float views go through the native engine's blocked
+    transposes where that is faster than NumPy's element-wise copy
+    (``kernels.native.permuted_copy``)."""
+    if a.flags.c_contiguous:
+        return a
+    from .kernels.native import permuted_copy
+    out = permuted_copy(a)
+    return np.ascontiguousarray(a) if out is None else out

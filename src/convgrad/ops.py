@@ -80,7 +80,7 @@ def run_kernel(kernel: kernels.Kernel, a: np.ndarray, b: np.ndarray, geom: ConvG
     # Channels last: a view of a channels-last caller array is contiguous
     # again here, so NXC/XIO callers pay no layout copy.
     whole = (kernels.converted_whole(describe(kind, a, b, geom, cdt), "nxc")
-             if kernel.converts else (False, False))
+             if kernel.converts and not kernel.half_io else (False, False))
     a, b = (to_nxc(t, is_w) for t, is_w in zip((a, b), _WEIGHT_ARGS[kind]))
     if not kernel.converts or np.dtype(cdt).kind != "f":
         a, b = _in_compute_dtype(a, cdt), _in_compute_dtype(b, cdt)

@@ -185,6 +185,30 @@ def _missing(module: str) -> str | None:
 class ConvgradParty(Party):
     """convgrad through its public oneDNN Graph dialect, in ``NXC``/``XIO`` or ``NCX``/``OIX``."""
 
+    def memory_case(self, layer: "Layer", op: str):
+        """The same call as a :class:`convgrad.bench.peak.Case`, for a resident-set
+        measurement in a child process."""
+        from .peak import Case
+        nxc = self.layout == "NXC"
+
+        def data(shape):
+            return list((shape[0], *shape[2:], shape[1]) if nxc else shape)
+        wshape = list(_oix_to_xio(np.empty(layer.w_shape, np.int8)).shape if nxc
+                      else layer.w_shape)
+        attrs = dict(strides=list(layer.strides), pads_begin=list(layer.pads_begin),
+                     pads_end=list(layer.pads_end), dilations=list(layer.dilations),
+                     groups=layer.groups, data_format=self.layout,
+                     weights_format=self.weights_format)
+        if op == "wgrad":
+            return Case(f"{layer.name}-{op}-{self.layout}", "onednn.convolution_backward_weights",
+                        {"src": (data(layer.x_shape), self.dtype),
+                         "diff_dst": (data(layer.y_shape), self.dtype)},
+                        dict(weights_shape=wshape, **attrs))
+        return Case(f"{layer.name}-{op}-{self.layout}", "onednn.convolution_backward_data",
+                    {"diff_dst": (data(layer.y_shape), self.dtype),
+                     "weights": (wshape, self.dtype)},
+                    dict(dst_shape=data(layer.x_shape), **attrs))
+
     family = "convgrad"
     is_peer = False
 

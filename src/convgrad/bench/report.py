@@ -148,8 +148,11 @@ def markdown(record: dict) -> str:
            if any("memory" in r for r in e["parties"].values())]
     if mem:
         lines += ["", "## Peak extra memory of one convgrad call (float32)", "",
-                  "tracemalloc peak of NumPy allocations during the call, minus the result "
-                  "itself, divided by inputs + output bytes.", "",
+                  "Resident-set high-water mark of the call (a fresh child process, after a "
+                  "warm-up call: convgrad.bench.peak) above the resident set before it, "
+                  "minus the result, divided by inputs + output bytes (tracemalloc's NumPy "
+                  "allocations where /proc cannot tell); the kernel's declared estimate "
+                  "(its scratch reused across calls included) in brackets.", "",
                   "| layer | op | " + " | ".join(
                       f"{SHORT.get(n, n)} extra MB | {SHORT.get(n, n)} ratio"
                       for n in cols if n.startswith("convgrad")) + " |",
@@ -160,7 +163,9 @@ def markdown(record: dict) -> str:
                 if not n.startswith("convgrad"):
                     continue
                 mm = e["parties"].get(n, {}).get("memory")
-                cells += [_f(mm and mm["extra_bytes"] / 1e6, ".1f"),
+                est = mm and mm.get("estimate_bytes")
+                cells += [_f(mm and mm["extra_bytes"] / 1e6, ".1f")
+                          + (f" ({est / 1e6:.1f})" if est is not None else ""),
                           _f(mm and mm["extra_ratio"], ".2f")]
             lines.append(f"| {e['layer']} | {e['op']} | " + " | ".join(cells) + " |")
 

@@ -14,14 +14,16 @@ result maps back.  :func:`spec_op` turns a plan function into
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from .. import memory, ops
+from .. import layouts, memory, ops
 from ..dtypes import as_array, common_dtype
 from ..errors import fail
 from ..geometry import ConvGeometry, MAX_DIM
@@ -85,8 +87,11 @@ class Plan:
             out += bias.reshape((1, -1) + (1,) * self.geom.spatial_rank)
         out = self.from_canonical(out)
         assert out.shape == self.out_shape, (out.shape, self.out_shape)
+        if out.dtype != dtype and dtype.kind == "f" and self.kind == "wgrad":
+            # a (small) weight gradient made contiguous first: the fast casts
+            out = layouts.contiguous(out)
         out = cast_result(out, dtype, order="C")
-        return _owner(np.ascontiguousarray(out))
+        return _owner(layouts.contiguous(out))
 
 
 def cast_result(out: np.ndarray, dtype: np.dtype, *, order: str = "K") -> np.ndarray:
@@ -148,6 +153,49 @@ class OpDef:
 OPS: dict[str, OpDef] = {}
 
 
+# Plans of recent calls, by op and arguments (tensors by shape): a training loop or a
+# benchmark calls one op with the same sizes and attributes again and again, and a
+# plan depends on nothing else.  Only arguments that freeze into a key are cached.
+_PLANS: "collections.OrderedDict[tuple, Plan]" = collections.OrderedDict()
+_PLANS_MAX = 256
+_PLANS_LOCK = threading.Lock()
+
+
+def _freeze(value):
+    """A hashable key for an argument, with every type kept (1, 1.0 and True differ:
+    validation tells them apart); TypeError for what it cannot freeze."""
+    if isinstance(value, TensorSpec):
+        return ("T", value.shape)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_freeze(v) for v in value))
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biuf" or value.size > 64:
+            raise TypeError("not cached")
+        return ("nd", value.dtype.str, value.shape, tuple(value.ravel().tolist()))
+    if value is None or isinstance(value, (bool, int, float, str, np.generic)):
+        return (type(value).__name__, value)
+    raise TypeError("not cached")
+
+
+def _cached_plan(plan, bound) -> "Plan":
+    try:
+        key = (plan, tuple((k, _freeze(v)) for k, v in bound.arguments.items()))
+        hash(key)
+    except TypeError:
+        return plan(*bound.args, **bound.kwargs)
+    with _PLANS_LOCK:
+        found = _PLANS.get(key)
+        if found is not None:
+            _PLANS.move_to_end(key)
+            return found
+    made = plan(*bound.args, **bound.kwargs)
+    with _PLANS_LOCK:
+        _PLANS[key] = made
+        while len(_PLANS) > _PLANS_MAX:
+            _PLANS.popitem(last=False)
+    return made
+
+
 def spec_op(name: str, dialect: str, *, inputs: tuple[str, ...], tensors: tuple[str, ...],
             shape_attrs: tuple[str, ...] = (), aliases: tuple[str, ...] = ()):
     """Register a plan function as spec op ``name`` and return its public function."""
@@ -173,7 +221,7 @@ def spec_op(name: str, dialect: str, *, inputs: tuple[str, ...], tensors: tuple[
                 if value is not None:
                     arrays[t] = as_array(name, t, value)
                     bound.arguments[t] = TensorSpec(arrays[t].shape)
-            return plan(*bound.args, **bound.kwargs).run(arrays)
+            return _cached_plan(plan, bound).run(arrays)
 
         public.__signature__ = plan.__signature__ = sig
         entry = OpDef(name, dialect, plan, public, inputs, tensors, shape_attrs)

@@ -213,17 +213,27 @@ def select(op: str, geom: ConvGeometry, dtype, algo: str = "auto", *,
     ``call``, inputs and result are assumed in every layout and the compute
     dtype).  A problem no preferred kernel supports goes to the highest
     priority kernel that does."""
-    found = candidates(op, geom, dtype)
     if algo == "auto":
         from .chooser import preference
-        usable = {k.name: k for k, reason in found if reason is None}
-        ranked = [usable[name] for name in preference(op, geom) if name in usable]
+        call = call or Call.assumed(op, geom, dtype)
+        by_name = {k.name: k for k in _REGISTRY[op]}
+        ranked = [by_name[name] for name in preference(op, geom) if name in by_name]
+        # the usual case first, without asking the other kernels: the preferred
+        # kernel supports the problem and fits in the budget
+        if ranked and ranked[0].supports(geom, np.dtype(dtype)) is None:
+            from .. import settings
+            if sum(estimate(ranked[0], call).values()) <= settings.workspace_bytes():
+                return ranked[0]
+        found = candidates(op, geom, dtype)
+        usable = {k.name for k, reason in found if reason is None}
+        ranked = [k for k in ranked if k.name in usable]
         if ranked:
-            return within_budget(ranked, call or Call.assumed(op, geom, dtype))
+            return within_budget(ranked, call)
         for kernel, reason in found:
             if reason is None:
                 return kernel
         raise ConvGradError(f"no kernel supports {op} on {geom}")
+    found = candidates(op, geom, dtype)
     for kernel, reason in found:
         if kernel.name == algo:
             if reason is not None:

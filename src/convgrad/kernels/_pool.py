@@ -51,3 +51,22 @@ def run_ranges(fn, ntasks: int, threads: int, per_thread: int = 4) -> None:
         return
     run_tasks([lambda lo=lo, hi=hi: fn(lo, hi) for lo, hi in split(ntasks, per_thread * threads)],
               threads)
+
+
+def run_shared(fn, ntasks: int, threads: int) -> None:
+    """``fn(counter_address)`` on ``min(threads, ntasks)`` threads at once: the
+    compiled loop behind ``fn`` takes task after task from one shared atomic
+    counter (an int64 starting at 0) until ``ntasks`` are done, so no thread idles
+    while another finishes a backlog (static blocks did: a late-waking worker left
+    the other a task or two to do alone)."""
+    import numpy as np
+    counter = np.zeros(1, np.int64)
+    address = counter.ctypes.data
+    n = max(1, min(threads, ntasks))
+    # the calling thread works too: it starts at once, while a pool thread may take a
+    # while to wake (and then finds less left to do)
+    futures = [pool(n).submit(fn, address) for _ in range(n - 1)]
+    fn(address)
+    for f in futures:
+        f.result()
+    del counter

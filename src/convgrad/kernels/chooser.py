@@ -28,6 +28,7 @@ none does, the registry's priority order decides.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from ..geometry import ConvGeometry
@@ -35,6 +36,7 @@ from ..geometry import ConvGeometry
 WASTE_LIMIT = 1.3         # shifted grid rows / output positions above this: im2col
 
 
+@functools.lru_cache(maxsize=512)
 def grid_waste(op: str, geom: ConvGeometry) -> float:
     """Rows the shifted kernel computes per useful output row."""
     from . import shifted

@@ -136,10 +136,13 @@ class Engine:
                 ("cg_wgrad_mr", i64, [i64]),
                 ("cg_corr_scratch", i64, [vp, i64, i64]),
                 ("cg_corr_run", None, [vp, i64, i64, vp]),
+                ("cg_corr_run_shared", None, [vp, vp, i64, vp]),
                 ("cg_wgrad_scratch", i64, [vp, i64, i64]),
-                ("cg_wgrad_run", None, [vp, i64, i64, i64, i64, vp, vp]),
+                ("cg_wgrad_run", None, [vp, i64, i64, i64, i64, i64, i64, vp, vp]),
+                ("cg_wgrad_run_shared", None, [vp, vp, i64, vp, vp]),
                 ("cg_pack_panels", None, [vp, i64, i64, i64, i64, i64, i64, i64, i64, i64, vp,
                                           i64, i64]),
+                ("cg_permute", None, [vp, vp, i64, vp, vp, vp, i64, i64]),
                 ("cg_fma_loop", ctypes.c_float, [i64]),
                 ("cg_store_floats", None, [vp, i64, vp, i64]),
                 ("cg_fma_loop_flops", i64, [])):
@@ -180,8 +183,12 @@ def _load() -> None:
         for isa in ISAS:
             _MISSING[isa] = "disabled by CONVGRAD_NATIVE=0"
         return
-    for isa in reversed(ISAS):                 # generic first: it reports the CPU's features
+    # the portable build first: it reports the CPU's features; a build for an
+    # instruction set the CPU lacks is never loaded (its code could not run)
+    for isa in reversed(ISAS):
         need, names = REQUIRES[isa]
+        if need and _FEATURES is None:
+            _FEATURES = _features_from_proc()
         if _FEATURES is not None and (_FEATURES & need) != need:
             _MISSING[isa] = f"this CPU lacks {names}"
             continue
@@ -195,11 +202,6 @@ def _load() -> None:
             _FEATURES = int(eng.lib.cg_cpu_features())
     if _FEATURES is None:
         _FEATURES = _features_from_proc()
-    for isa in ISAS:
-        need, names = REQUIRES[isa]
-        if isa in _ENGINES and (_FEATURES & need) != need:
-            del _ENGINES[isa]
-            _MISSING[isa] = f"this CPU lacks {names}"
 
 
 def _features_from_proc() -> int:
@@ -345,8 +347,26 @@ def memory(call) -> dict[str, int]:
     """The registry's memory estimate (kernels.Call): no input copies (inputs are
     read in place or converted a block of lines at a time), the float32 result
     when the caller keeps another (:func:`result_copy`), and :func:`workspace`."""
+    from . import ROLES
     parts = result_copy(call)
+    if call.op != "wgrad":
+        data = call.a if call.op == "fwd" else call.b
+        if data.dtype != np.float32 or "nxc" not in data.layouts:
+            eng = engine() if available() is None else None
+            if _weight_stationary(call.geom, call.op, eng.vl if eng else 8):
+                parts[f"{ROLES[call.op][0 if call.op == 'fwd' else 1]} in float32 channels "
+                      "last"] = math.prod(data.shape) * 4
     parts.update(workspace(call.geom, call.op))
+    data_ops = {"fwd": (call.a,), "dgrad": (call.b,), "wgrad": (call.a, call.b)}[call.op]
+    if _plain_pointwise(call.geom) and all("nxc" not in d.layouts and "ncx" in d.layouts
+                                           for d in data_ops):
+        # channels-first 1x1 calls (_transposed_pointwise): a sample's panels per thread
+        g, threads = call.geom, _threads(call.geom.flops)
+        p = math.prod(g.in_sizes)
+        b = {"fwd": g.c, "dgrad": g.o, "wgrad": g.c}[call.op] * (p + 64)
+        parts["a sample's panels, per thread"] = threads * b * 4
+        if call.op == "wgrad":
+            parts["per-sample weight gradients"] = (min(threads, g.n) + 1) * g.o * g.c * 4
     return parts
 
 
@@ -365,6 +385,51 @@ def result_copy(call) -> dict[str, int]:
     if (call.out.dtype != np.float32 and not direct) or layout not in call.out.layouts:
         parts[f"{ROLES[call.op][2]} before the caller's copy"] = call.out.size * 4
     return parts
+
+
+# permuted copies smaller than this stay with NumPy
+PERMUTE_MIN_ELEMENTS = 1 << 15
+
+
+def permuted_copy(a: np.ndarray) -> np.ndarray | None:
+    """A C-contiguous copy of ``a`` (a permuted view, e.g. a weight gradient in the
+    engine's ``(*K, C/G, O)`` order seen as ``OIX``) made by the engine's 8 x 8
+    transposes, or None where NumPy's copy is as good (``a``'s last axis already
+    contiguous in memory, small or odd arrays) or no engine is loaded.  NumPy
+    copies such views element by element at cache-missing strides: a 512 x 512 x
+    3 x 3 weight gradient took 10 ms, the transposes about 1 ms."""
+    if (a.ndim < 2 or a.ndim > 5 or a.itemsize not in (2, 4) or a.size < PERMUTE_MIN_ELEMENTS
+            or a.dtype.kind not in "fV" or a.flags.c_contiguous or a.dtype.hasobject):
+        return None
+    try:
+        eng = engine()
+    except ConvGradError:
+        return None
+    if eng is None:
+        return None
+    es = a.itemsize
+    if any(s % es for s in a.strides):
+        return None
+    sstr = [s // es for s in a.strides]
+    last = a.ndim - 1
+    rows = min(range(a.ndim), key=lambda i: (abs(sstr[i]) if a.shape[i] > 1 else 1 << 62))
+    if rows == last or sstr[rows] != 1:
+        return None
+    out = np.empty(a.shape, a.dtype)
+    dstr = [s // es for s in out.strides]
+    batch = [i for i in range(a.ndim) if i not in (rows, last)]
+    pad = 3 - len(batch)
+    shape = _i64([1] * pad + [a.shape[i] for i in batch] + [a.shape[rows], a.shape[last]])
+    ss = _i64([0] * pad + [sstr[i] for i in batch] + [sstr[rows], sstr[last]])
+    ds = _i64([0] * pad + [dstr[i] for i in batch] + [dstr[rows], dstr[last]])
+    nb = int(np.prod(shape[:3]))
+    threads = _threads(a.size * 64)
+
+    def run(lo, hi):
+        eng.lib.cg_permute(a.ctypes.data, out.ctypes.data, es, shape.ctypes.data,
+                           ss.ctypes.data, ds.ctypes.data, lo, hi)
+    _pool.run_ranges(run, nb, threads, per_thread=1)
+    return out
 
 
 def _threads(flops: int) -> int:
@@ -495,6 +560,25 @@ def _corr_taps(geom: ConvGeometry, kind: str):
     return phases, taps
 
 
+def _weight_stationary(geom: ConvGeometry, kind: str, vl: int) -> bool:
+    """Whether a forward or data gradient call's weights outweigh its input so far
+    that its items split the output blocks, a few blocks' weights each (ResNet-50
+    res5: 9.4 MB of weights, 0.8 MB of dy), instead of every item streaming all
+    the weights.  The input is then read in place, or converted once beforehand
+    (NCX or 16-bit callers): every item would convert its lines again."""
+    G = geom.groups
+    cin, cout = (geom.c, geom.o) if kind == "fwd" else (geom.o, geom.c)
+    lin = _pad3(geom.in_sizes if kind == "fwd" else geom.out_sizes, 1)
+    nb = _nv_for(cout // G, vl) * vl
+    panel_bytes = math.prod(geom.kernel) * (cin // G) * nb * 4
+    ob_group = 1 if panel_bytes <= CORR_L1_WEIGHT_BYTES else max(
+        1, min(-(-(cout // G) // nb), CORR_WEIGHT_BYTES // max(1, panel_bytes)))
+    nob = -(-(cout // G) // nb)
+    weight_bytes = G * nob * panel_bytes
+    data_bytes = geom.n * math.prod(lin) * cin * 4
+    return nob > ob_group and weight_bytes > CORR_WEIGHT_BYTES and weight_bytes > 2 * data_bytes
+
+
 @functools.lru_cache(maxsize=256)
 def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: int,
               packed: bool, out_buffered: bool, budgets: tuple) -> CorrPlan:
@@ -525,15 +609,10 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: i
     line_bytes = lin[2] * cin * 4
     pack_bytes, out_bytes = budgets[:2]
     budget = pack_bytes if packed else CORR_ITEM_BYTES
-    # Weight-stationary when the weights outweigh the input (ResNet-50 res5: 9.4 MB of
-    # weights, 0.8 MB of dy): items then also split the output blocks, a few blocks'
-    # weights each (kept in L2 while the item's pixels pass), instead of every item
-    # streaming all the weights.
+    # weight-stationary items (see _weight_stationary; the callers convert a packed
+    # input beforehand)
     nob = -(-(cout // G) // nb)
-    weight_bytes = G * nob * panel_bytes
-    data_bytes = n * math.prod(lin) * cin * 4
-    ob_split = (nob > ob_group and weight_bytes > CORR_WEIGHT_BYTES
-                and weight_bytes > 2 * data_bytes)
+    ob_split = not packed and _weight_stationary(geom, kind, vl)
     ob_ranges = ([(b, min(nob, b + ob_group)) for b in range(0, nob, ob_group)] if ob_split
                  else [(0, nob)])
     items = []
@@ -542,12 +621,15 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: i
         rows_h = len(set(t4[p[6]:p[7], 1].tolist())) or 1
         rows_d = len(set(t4[p[6]:p[7], 0].tolist())) or 1
         out_line = int(p[5]) * cout * 4 if out_buffered else 0
-        band = max(1, total * len(ob_ranges) // (4 * threads) if not ob_split else lines)
+        band = max(1, total * len(ob_ranges) // (8 * threads) if not ob_split else lines)
         while band > 1 and (rows_d * (band * istep[1] + rows_h) * line_bytes > budget
                             or band * out_line > out_bytes):
             band = max(1, band // 2)
         items += [(k, lo, min(lines, lo + band), b0, b1) for b0, b1 in ob_ranges
                   for lo in range(0, lines, band)]
+    # the phases of a data gradient read the same dy rows for the same line numbers:
+    # their items follow each other (a thread finds those rows still in cache)
+    items.sort(key=lambda it: (it[3], it[1], it[0]))
     plan = CorrPlan(n, lin, cin, cout, G, istep, ostep, ph, t4, ntap_w, nv, rmax_of[nv - 1],
                     ob_group, _i64(items).reshape(-1, 5))
     for a in (plan.phases, plan.taps, plan.items):
@@ -579,6 +661,79 @@ def _pointwise(geom: ConvGeometry, *data: np.ndarray):
                                dilations=(1,), pads_begin=(0,), pads_end=(0,)), tuple(flat)
 
 
+def _plain_pointwise(geom: ConvGeometry) -> bool:
+    """1x1, stride 1, unpadded, ungrouped."""
+    return (geom.groups == 1 and all(k == 1 for k in geom.kernel)
+            and all(s == 1 for s in geom.strides) and not any(geom.pads_begin)
+            and tuple(geom.in_sizes) == tuple(geom.out_sizes))
+
+
+def _channels_first_pointwise(geom: ConvGeometry, *data: np.ndarray):
+    """Per-sample ``(channels, positions)`` views of (N, *S, C) arrays whose every
+    sample is channels-first and contiguous (NCX memory), for a 1x1, stride-1,
+    unpadded, ungrouped problem; None otherwise."""
+    if not _plain_pointwise(geom):
+        return None
+    p = math.prod(geom.in_sizes)
+    views = []
+    for a in data:
+        es = a.itemsize
+        flat = a.reshape(a.shape[0], p, a.shape[-1]) if p > 0 else None
+        if (flat is None or a.dtype not in DTYPE_CODES or flat.strides[1] != es
+                or flat.strides[2] != p * es or p < 64 or a.shape[-1] < 8):
+            return None
+        views.append(np.swapaxes(flat, 1, 2))        # (N, channels, positions)
+    return views
+
+
+def _pixel_grid(m: int) -> tuple[int, int]:
+    """``m`` pixels as h x w lines (several lines: work items for the threads)."""
+    h = max((d for d in range(1, int(math.isqrt(m)) + 1) if m % d == 0), default=1)
+    return h, m // h
+
+
+def _transposed_pointwise(eng: Engine, a_of, b_of, outs, threads: int) -> None:
+    """Channels-first 1x1 problems as correlations whose pixels are channels: for
+    every sample k, ``outs[k]`` (M, B) = ``a_of(k)`` (M, A) @ ``b_of(k)`` (A, B), a
+    sample's positions being the correlation's channels (contiguous in NCX memory:
+    no layout change but the packing of the panels).  Whole samples per thread
+    when they share out evenly, else the threads inside each sample."""
+    n = len(outs)
+    per_sample = threads > 1 and n >= threads and n % threads == 0
+    t_in = 1 if per_sample else threads
+
+    def one(k):
+        a2, b2 = a_of(k), b_of(k)
+        (m, a), b = a2.shape, b2.shape[1]
+        h, w = _pixel_grid(m)
+        inp, out, b3 = a2.reshape(1, h, w, a), outs[k].view(), b2[None]
+        out.shape = (1, h, w, b)                     # (a view: raises rather than copy)
+        g = ConvGeometry(1, a, b, 1, (h, w), (1, 1), (h, w), (1, 1), (1, 1), (0, 0), (0, 0))
+        plan = corr_plan(g, "fwd", eng.vl, eng.rmax_of, t_in, _is_packed(inp), _is_packed(out),
+                         _budgets(t_in))
+        es = b3.itemsize
+        weights = _weights(eng, b3, a, b, b3.strides[1] // es, b3.strides[2] // es, 0, 1,
+                           plan.nv, t_in)
+        _corr(eng, plan, inp, out, weights, t_in)
+    if per_sample:
+        _pool.run_tasks([lambda lo=lo, hi=hi: [one(k) for k in range(lo, hi)]
+                         for lo, hi in _pool.split(n, threads)], threads)
+    else:
+        for k in range(n):
+            one(k)
+
+
+def _stationary_input(a: np.ndarray, geom: ConvGeometry, kind: str, vl: int) -> np.ndarray:
+    """A packed input (NCX or 16-bit) of a weight-stationary call as a float32
+    channels-last copy, made once (at most half the weights' bytes); else ``a``."""
+    if not _is_packed(a) or not _weight_stationary(geom, kind, vl):
+        return a
+    if a.dtype != np.float32:
+        return np.ascontiguousarray(a, dtype=np.float32)
+    out = permuted_copy(a)
+    return np.ascontiguousarray(a) if out is None else out
+
+
 def _is_packed(a: np.ndarray) -> bool:
     """Whether the kernels convert ``a`` (not float32 with unit channel stride)."""
     return not (a.dtype == np.float32 and a.strides[-1] == a.itemsize)
@@ -601,11 +756,13 @@ def _corr(eng: Engine, plan: CorrPlan, inp: np.ndarray, out: np.ndarray, weights
                  plan.nv, plan.rmax, plan.ob_group, plan.items.ctypes.data)
     pp = ctypes.addressof(prob)
 
-    def run(lo, hi):
-        need = int(eng.lib.cg_corr_scratch(pp, lo, hi))
+    n = len(plan.items)
+    need = int(eng.lib.cg_corr_scratch(pp, 0, n))
+
+    def run(counter):
         buf = scratch("native-pack", (max(need, 16),), np.float32, zero=False)
-        eng.lib.cg_corr_run(pp, lo, hi, buf.ctypes.data)
-    _pool.run_ranges(run, len(plan.items), threads)
+        eng.lib.cg_corr_run_shared(pp, counter, n, buf.ctypes.data)
+    _pool.run_shared(run, n, threads)
     del prob
 
 
@@ -621,7 +778,16 @@ def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry, out_dtype=None) -> np.
         y[...] = 0
         return y
     threads = _threads(geom.flops)
-    geom, (xf, yf) = _pointwise(geom, x, y)
+    cf = _channels_first_pointwise(geom, x, y)
+    if cf is not None:
+        # y[n] (O, P) = w (O, C) @ x[n] (C, P)
+        xs, ys = cf
+        w2 = _weights_2d(w)[0].T
+        _transposed_pointwise(eng, lambda k: w2, lambda k: xs[k], ys, threads)
+        return y
+    x = _stationary_input(x, geom, "fwd", eng.vl)
+    geom, (xf, yf) = _pointwise(geom, x, y) if not (_is_packed(x) or _is_packed(y)) else (
+        geom, (x, y))
     plan = corr_plan(geom, "fwd", eng.vl, eng.rmax_of, threads, _is_packed(xf),
                      _is_packed(yf), _budgets(threads))
     w3 = _weights_2d(w)
@@ -644,7 +810,16 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> 
         dx[...] = 0
         return dx
     threads = _threads(geom.flops)
-    geom, (dyf, dxf) = _pointwise(geom, dy, dx)
+    cf = _channels_first_pointwise(geom, dy, dx)
+    if cf is not None:
+        # dx[n] (C, P) = w^T (C, O) @ dy[n] (O, P)
+        dys, dxs = cf
+        w2 = _weights_2d(w)[0]
+        _transposed_pointwise(eng, lambda k: w2, lambda k: dys[k], dxs, threads)
+        return dx
+    dy = _stationary_input(dy, geom, "dgrad", eng.vl)
+    geom, (dyf, dxf) = _pointwise(geom, dy, dx) if not (_is_packed(dy) or _is_packed(dx)) else (
+        geom, (dy, dx))
     plan = corr_plan(geom, "dgrad", eng.vl, eng.rmax_of, threads, _is_packed(dyf),
                      _is_packed(dxf), _budgets(threads))
     w3 = _weights_2d(w)
@@ -702,7 +877,22 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     if result.size == 0 or x.size == 0 or dy.size == 0:
         return result
     threads = _threads(geom.flops)
-    geom, (x, dy) = _pointwise(geom, x, dy)
+    cf = _channels_first_pointwise(geom, x, dy)
+    if cf is not None:
+        # dw^T (O, C) = sum over n, in order, of dy[n] (O, P) @ x[n]^T (P, C): a block
+        # of one sample per thread at a time, so the sums never depend on threads
+        xs, dys = cf
+        acc = np.zeros((geom.o, geom.c), np.float32)
+        parts = np.empty((min(threads, geom.n), geom.o, geom.c), np.float32)
+        for n0 in range(0, geom.n, len(parts)):
+            k = min(len(parts), geom.n - n0)
+            _transposed_pointwise(eng, lambda j: dys[n0 + j], lambda j: xs[n0 + j].T,
+                                  parts[:k], threads)
+            for j in range(k):
+                acc += parts[j]
+        return acc.T.reshape(result.shape)
+    if not (_is_packed(x) or _is_packed(dy)):     # (converted lines stay short)
+        geom, (x, dy) = _pointwise(geom, x, dy)
     dw = result.reshape(*geom.kernel, cg, geom.o)
     budgets = _budgets(threads)
     plan = wgrad_plan(geom, eng.vl, eng.mr_of, (budgets[2], WGRAD_MIN_CHUNK, WGRAD_MAX_CHUNK,
@@ -717,23 +907,32 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
                   plan.items.ctypes.data)
     pp = ctypes.addressof(prob)
 
-    def task(lo, hi, oblo, obhi, out):
-        def run():
-            need = int(eng.lib.cg_wgrad_scratch(pp, lo, hi))
-            buf = scratch("native-pack", (max(need, 16),), np.float32, zero=False)
-            eng.lib.cg_wgrad_run(pp, lo, hi, oblo, obhi, out.ctypes.data, buf.ctypes.data)
-        return run
-
-    if plan.split_outputs:
-        _pool.run_tasks([task(0, nitems, lo, hi, dw)
-                         for lo, hi in _pool.split(nblocks, threads)], threads)
+    ntap = math.prod(geom.kernel)
+    # split outputs: each task reads (and converts, for NCX or 16-bit callers) every
+    # position, so fewer tasks when that costs a conversion
+    nsplit = threads if (_is_packed(x) or _is_packed(dy)) else 2 * threads
+    if plan.split_outputs and ntap >= nsplit:
+        # whole taps per task: every x panel is packed by one task only
+        tasks = [(0, nitems, 0, nblocks, lo, hi, dw.ctypes.data)
+                 for lo, hi in _pool.split(ntap, nsplit)]
+    elif plan.split_outputs:
+        tasks = [(0, nitems, lo, hi, 0, ntap, dw.ctypes.data)
+                 for lo, hi in _pool.split(nblocks, nsplit)]
     elif plan.chunks == 1:
-        task(0, nitems, 0, nblocks, dw)()
+        tasks = [(0, nitems, 0, nblocks, 0, ntap, dw.ctypes.data)]
     else:
         parts = scratch("native-partials", (plan.chunks, dw.size), np.float32, zero=True)
-        _pool.run_tasks([task(lo, hi, 0, nblocks, parts[i])
-                         for i, (lo, hi) in enumerate(_pool.split(nitems, plan.chunks))],
-                        threads)
+        tasks = [(lo, hi, 0, nblocks, 0, ntap, parts[i].ctypes.data)
+                 for i, (lo, hi) in enumerate(_pool.split(nitems, plan.chunks))]
+    tasks_a = _i64(tasks)
+    need = int(eng.lib.cg_wgrad_scratch(pp, 0, nitems))
+
+    def run(counter):
+        buf = scratch("native-pack", (max(need, 16),), np.float32, zero=False)
+        eng.lib.cg_wgrad_run_shared(pp, counter, len(tasks), tasks_a.ctypes.data,
+                                    buf.ctypes.data)
+    _pool.run_shared(run, len(tasks), threads)
+    if not plan.split_outputs and plan.chunks > 1:
         np.add.reduce(parts, axis=0, out=dw.reshape(-1))
     del prob
     return result

@@ -30,39 +30,42 @@ inline bool direct_f32(const Tensor& t) { return t.dtype == F32 && t.stride[4] =
 
 // Copy the lines (d, h) for d in ds, h in hs of sample n (all W pixels, all C
 // channels) to dst as float32 [d][h][w][c].
-inline void pack_lines(float* dst, const Tensor& t, int64_t n, const std::vector<int64_t>& ds,
-                const std::vector<int64_t>& hs, int64_t W, int64_t C) {
+// Convert W pixels of line (n, d, h) -- or, when the lines are contiguous, W pixels
+// running on into the next lines -- (all C channels) to dst as float32 [w][c].
+inline void convert_line(float* o, const Tensor& t, int64_t n, int64_t d, int64_t h, int64_t W,
+                         int64_t C) {
     const int64_t sw = t.stride[3], sc = t.stride[4];
-    for (size_t i = 0; i < ds.size(); i++) {
-        for (size_t j = 0; j < hs.size(); j++) {
-            const int64_t d = ds[i], h = hs[j];
-            float* o = dst + (i * hs.size() + j) * W * C;
-            if (sc == 1 || sw > sc) {
-                for (int64_t w = 0; w < W; w++) convert_run(o + w * C, at(t, n, d, h, w, 0),
-                                                            t.dtype, sc, C);
-            } else {
-                // channels outermost in memory (NCX): blocks of 8 channels x 64 pixels,
-                // read along w (converted), transposed 8 x 8 into channels-last rows
-                float tmp[8][64];
-                for (int64_t c0 = 0; c0 < C; c0 += 8) {
-                    const int64_t cn = std::min<int64_t>(8, C - c0);
-                    for (int64_t w0 = 0; w0 < W; w0 += 64) {
-                        const int64_t wn = std::min<int64_t>(64, W - w0);
-                        for (int64_t c = 0; c < cn; c++)
-                            convert_run(tmp[c], at(t, n, d, h, w0, c0 + c), t.dtype, sw, wn);
-                        int64_t k = 0;
-                        if (cn == 8)
-                            for (; k + 8 <= wn; k += 8)
-                                transpose8(&tmp[0][k], 64, o + (w0 + k) * C + c0, C);
-                        for (; k < wn; k++) {
-                            float* row = o + (w0 + k) * C + c0;
-                            for (int64_t c = 0; c < cn; c++) row[c] = tmp[c][k];
-                        }
-                    }
-                }
+    if (sc == 1 || sw > sc) {
+        for (int64_t w = 0; w < W; w++) convert_run(o + w * C, at(t, n, d, h, w, 0), t.dtype, sc, C);
+        return;
+    }
+    // channels outermost in memory (NCX): blocks of 8 channels x 64 pixels, read
+    // along w (converted), transposed 8 x 8 into channels-last rows
+    float tmp[8][64];
+    for (int64_t c0 = 0; c0 < C; c0 += 8) {
+        const int64_t cn = std::min<int64_t>(8, C - c0);
+        for (int64_t w0 = 0; w0 < W; w0 += 64) {
+            const int64_t wn = std::min<int64_t>(64, W - w0);
+            for (int64_t c = 0; c < cn; c++)
+                convert_run(tmp[c], at(t, n, d, h, w0, c0 + c), t.dtype, sw, wn);
+            int64_t k = 0;
+            if (cn == 8)
+                for (; k + 8 <= wn; k += 8) transpose8(&tmp[0][k], 64, o + (w0 + k) * C + c0, C);
+            for (; k < wn; k++) {
+                float* row = o + (w0 + k) * C + c0;
+                for (int64_t c = 0; c < cn; c++) row[c] = tmp[c][k];
             }
         }
     }
+}
+
+// Copy the lines (d, h) for d in ds, h in hs of sample n (all W pixels, all C
+// channels) to dst as float32 [d][h][w][c].
+inline void pack_lines(float* dst, const Tensor& t, int64_t n, const std::vector<int64_t>& ds,
+                       const std::vector<int64_t>& hs, int64_t W, int64_t C) {
+    for (size_t i = 0; i < ds.size(); i++)
+        for (size_t j = 0; j < hs.size(); j++)
+            convert_line(dst + (i * hs.size() + j) * W * C, t, n, ds[i], hs[j], W, C);
 }
 
 inline int64_t index_of(const std::vector<int64_t>& v, int64_t x) {
@@ -84,13 +87,16 @@ inline void valid_range(int64_t U, int64_t step, int64_t off, int64_t L, int64_t
 
 // Convert the keyed lines (all W pixels, all C channels) to dst, float32 [key][w][c].
 inline void pack_keyed_lines(float* dst, const Tensor& t, const std::vector<int64_t>& keys,
-                      int64_t L0, int64_t L1, int64_t W, int64_t C) {
-    std::vector<int64_t> d1(1), h1(1);
-    for (size_t i = 0; i < keys.size(); i++) {
-        const int64_t k = keys[i], n = k / (L0 * L1);
-        d1[0] = (k / L1) % L0;
-        h1[0] = k % L1;
-        pack_lines(dst + i * W * C, t, n, d1, h1, W, C);
+                             int64_t L0, int64_t L1, int64_t W, int64_t C) {
+    // runs of consecutive lines of one (n, d) that follow each other in memory
+    // convert as one long line (short lines of NCX tensors: far fewer, longer reads)
+    const bool chained = t.stride[2] == W * t.stride[3];
+    for (size_t i = 0; i < keys.size();) {
+        const int64_t k = keys[i], n = k / (L0 * L1), d = (k / L1) % L0, h = k % L1;
+        size_t j = i + 1;
+        while (chained && j < keys.size() && keys[j] == keys[j - 1] + 1 && keys[j] % L1 != 0) j++;
+        convert_line(dst + i * W * C, t, n, d, h, (int64_t)(j - i) * W, C);
+        i = j;
     }
 }
 

@@ -173,6 +173,12 @@ int64_t cg_corr_scratch(const CorrProblem* P, int64_t lo, int64_t hi);
 
 void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch);
 
+// Work items [0, n) shared by the threads calling this at once: each takes the next
+// item (an atomic counter, *next starting at 0) until none is left, so no thread
+// waits on another's last item (items write disjoint outputs: the result does not
+// depend on who computes what).
+void cg_corr_run_shared(const CorrProblem* P, int64_t* next, int64_t n, float* scratch);
+
 }  // extern "C"
 
 namespace {
@@ -439,6 +445,14 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
     }
 }
 
+void cg_corr_run_shared(const CorrProblem* P, int64_t* next, int64_t n, float* scratch) {
+    for (;;) {
+        const int64_t it = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+        if (it >= n) return;
+        cg_corr_run(P, it, it + 1, scratch);
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // wgrad
 //
@@ -544,7 +558,14 @@ int64_t cg_wgrad_mr(int64_t nv) { return nv >= 1 && nv <= 4 ? WG_MR[nv] : 0; }
 int64_t cg_wgrad_scratch(const WgradProblem* P, int64_t lo, int64_t hi);
 
 void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, int64_t obhi,
-                  float* dw, float* scratch);
+                  int64_t tlo, int64_t thi, float* dw, float* scratch);
+
+// Tasks [0, n), each (lo, hi, oblo, obhi, tlo, thi, address of its dw or partial): the
+// items [lo, hi) for the output blocks [oblo, obhi) and the taps [tlo, thi), shared by
+// the threads calling this at once through the atomic counter *next (see
+// cg_corr_run_shared); every task writes its own output, so who runs it does not matter.
+void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const int64_t* tasks,
+                         float* scratch);
 
 }  // extern "C"
 
@@ -685,7 +706,7 @@ int64_t cg_wgrad_scratch(const WgradProblem* P, int64_t lo, int64_t hi) {
 }
 
 // Accumulate the items [lo, hi) into dw (*K, C/G, O) for the output-channel
-// blocks [oblo, obhi) (numbered over all groups).
+// blocks [oblo, obhi) (numbered over all groups) and the taps [tlo, thi).
 //
 // Lines at least one chunk long are cut into chunks along w: the dy rows of a
 // chunk are packed once; per (kd, kh) the x rows its taps read are read in
@@ -695,7 +716,7 @@ int64_t cg_wgrad_scratch(const WgradProblem* P, int64_t lo, int64_t hi) {
 // reads the input).  Rows that are not float32 with unit channel stride are
 // first converted, one item's lines at a time.
 void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, int64_t obhi,
-                  float* dw, float* scratch) {
+                  int64_t tlo, int64_t thi, float* dw, float* scratch) {
     const int64_t G = P->groups, cg = P->C / G, og = P->O / G;
     const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
     const int64_t nob = (og + NB - 1) / NB, nct = (cg + mr - 1) / mr;
@@ -783,6 +804,8 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
                             for (int64_t kw = 0; kw <= Kw; kw++) {
                                 int64_t a = 0, b = 0, q = 0, r = -2;
                                 if (kw < Kw) {
+                                    const int64_t t = (kd * P->K[1] + kh) * Kw + kw;
+                                    if (t < tlo || t >= thi) continue;
                                     const int64_t off = kw * dwl - pbw;
                                     r = ((off % sw) + sw) % sw;
                                     q = (off - r) / sw;
@@ -871,7 +894,7 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
             for (const Piece& q : pieces)
                 full_runs.push_back(Run{nullptr, yrow(q.l, q.w0), q.w1 - q.w0});
             bool full_packed = false;
-            for (int64_t t = 0; t < ntap; t++) {
+            for (int64_t t = std::max<int64_t>(0, tlo); t < std::min(ntap, thi); t++) {
                 const int64_t kd = t / (P->K[1] * Kw), kh = (t / Kw) % P->K[1], kw = t % Kw;
                 const int64_t offw = kw * dwl - pbw;
                 int64_t u0, u1;
@@ -912,6 +935,16 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
     }
 }
 
+void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const int64_t* tasks,
+                         float* scratch) {
+    for (;;) {
+        const int64_t k = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+        if (k >= n) return;
+        const int64_t* t = tasks + 7 * k;
+        cg_wgrad_run(P, t[0], t[1], t[2], t[3], t[4], t[5], (float*)(intptr_t)t[6], scratch);
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Weight panels and CPU features
 
@@ -930,13 +963,80 @@ void cg_pack_panels(const void* src, int64_t dtype, int64_t T, int64_t A, int64_
         const int64_t nvalid = std::min<int64_t>(NB, B - blk * NB);
         float* o = out + k * T * A * NB;
         const char* base = (const char*)src + es * (g * gstride + blk * NB * sb);
-        for (int64_t t = 0; t < T; t++) {
+        if (dtype == F32 && sa == 1 && sb != 1 && A % 8 == 0 && nvalid % 8 == 0) {
+            // rows a contiguous in the source, columns b strided (the data gradient's
+            // transposed weights): 8 x 8 transposes
+            const float* b0 = (const float*)base;
+            for (int64_t t = 0; t < T; t++) {
+                for (int64_t a0 = 0; a0 < A; a0 += 8)
+                    for (int64_t j0 = 0; j0 < nvalid; j0 += 8)
+                        transpose8(b0 + t * st + j0 * sb + a0, sb, o + (t * A + a0) * NB + j0,
+                                   NB);
+                for (int64_t a = 0; a < A; a++)
+                    for (int64_t j = nvalid; j < NB; j++) o[(t * A + a) * NB + j] = 0.0f;
+            }
+            continue;
+        }
+        int64_t t8 = 0;
+        if (dtype == F32 && st == 1 && sb != 1 && T >= 8 && nvalid % 8 == 0) {
+            // taps contiguous in the source (OIX weights): 8 taps x 8 columns b at a
+            // time as 8 x 8 transposes, the taps past a multiple of 8 below
+            t8 = T - T % 8;
+            const float* b0 = (const float*)base;
+            for (int64_t a = 0; a < A; a++)
+                for (int64_t t0 = 0; t0 < t8; t0 += 8)
+                    for (int64_t j0 = 0; j0 < nvalid; j0 += 8)
+                        transpose8(b0 + a * sa + j0 * sb + t0, sb, o + (t0 * A + a) * NB + j0,
+                                   A * NB);
+            for (int64_t t = 0; t < t8; t++)
+                for (int64_t a = 0; a < A; a++)
+                    for (int64_t j = nvalid; j < NB; j++) o[(t * A + a) * NB + j] = 0.0f;
+        }
+        for (int64_t t = t8; t < T; t++) {
             for (int64_t a = 0; a < A; a++) {
                 float* row = o + (t * A + a) * NB;
                 convert_run(row, base + es * (t * st + a * sa), dtype, sb, nvalid);
                 for (int64_t j = nvalid; j < NB; j++) row[j] = 0.0f;
             }
         }
+    }
+}
+
+// A permuted copy (the layout back of a result seen through a transposed view):
+// element (b0, b1, b2, r, c) of shape[0..4] is read at src + sum(index * sstr) and
+// written at dst + sum(index * dstr) (strides in elements of es bytes, 2 or 4).
+// Floats with a source-contiguous row axis and a destination-contiguous column axis
+// move as 8 x 8 transposes; everything else element by element.  Batches [lo, hi) of
+// shape[0] * shape[1] * shape[2].
+void cg_permute(const void* src, void* dst, int64_t es, const int64_t* shape,
+                const int64_t* sstr, const int64_t* dstr, int64_t lo, int64_t hi) {
+    const int64_t R = shape[3], C = shape[4];
+    const bool blocked = es == 4 && sstr[3] == 1 && dstr[4] == 1;
+    for (int64_t b = lo; b < hi; b++) {
+        const int64_t i2 = b % shape[2], i1 = (b / shape[2]) % shape[1],
+                      i0 = b / (shape[2] * shape[1]);
+        const int64_t so = i0 * sstr[0] + i1 * sstr[1] + i2 * sstr[2];
+        const int64_t doff = i0 * dstr[0] + i1 * dstr[1] + i2 * dstr[2];
+        if (es == 2) {
+            const uint16_t* s = (const uint16_t*)src + so;
+            uint16_t* d = (uint16_t*)dst + doff;
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t c = 0; c < C; c++) d[r * dstr[3] + c * dstr[4]] = s[r * sstr[3] + c * sstr[4]];
+            continue;
+        }
+        const float* s = (const float*)src + so;
+        float* d = (float*)dst + doff;
+        int64_t r8 = 0, c8 = 0;
+        if (blocked) {
+            r8 = R - R % 8, c8 = C - C % 8;
+            for (int64_t r = 0; r < r8; r += 8)
+                for (int64_t c = 0; c < c8; c += 8)
+                    transpose8(s + r + c * sstr[4], sstr[4], d + r * dstr[3] + c, dstr[3]);
+        }
+        // the edges: rows past r8 (every column), columns past c8 (rows below r8)
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t c = r < r8 ? c8 : 0; c < C; c++)
+                d[r * dstr[3] + c * dstr[4]] = s[r * sstr[3] + c * sstr[4]];
     }
 }
 
