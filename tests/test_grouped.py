@@ -170,3 +170,32 @@ def test_wide_groups_are_left_to_the_native_kernel():
     geom = ConvGeometry(**case(2, groups=32, cg=4, og=4, size=8, k=3))
     for op in OPS:
         assert grouped.supports_op(op)(geom, np.float32) is None
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_empty_batch(op):
+    """N = 0: empty results, a zero weight gradient; the memory estimate plans it too."""
+    c = case(2, groups=4, cg=1, og=2, size=6, k=3, n=0)
+    geom = ConvGeometry(**c)
+    call = kernels.Call.assumed(op, geom, np.float32)
+    kernel = kernels.select(op, geom, np.float32, "grouped")
+    assert sum(kernels.estimate(kernel, call).values()) >= 0
+    x, w, dy = make_arrays(c, np.random.default_rng(0), np.float32, True)
+    got = run(c, x, w, dy)[OPS.index(op)]
+    if op == "wgrad":
+        np.testing.assert_array_equal(got, np.zeros(w.shape, np.float32))
+    else:
+        assert got.size == 0
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_auto_sends_few_channel_groups_to_the_grouped_kernel(op):
+    """The chooser (kernels/chooser.py, measured): depthwise (multiplier <= 8),
+    ResNeXt's 4 -> 4 and the spec op's 2 -> 5 go to the grouped kernel; 16 channels
+    per group and more are GEMM-shaped (the native engine)."""
+    for name in ("dw-2d-k3", "dw-mult4-3d", "resnext-4to4x32", "spec-5to2-3d"):
+        geom = ConvGeometry(**CASES[name])
+        for dt in (np.float32, np.float16, bfloat16):
+            assert kernels.select(op, geom, dt).name == "grouped", (name, dt)
+    wide = ConvGeometry(**case(2, groups=4, cg=16, og=16, size=9, k=3))
+    assert kernels.select(op, wide, np.float32).name == "native"

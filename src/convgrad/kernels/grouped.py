@@ -357,6 +357,8 @@ def _chunks(geom, lin, lout, istep, ostep, tapstep, wph, grp, seg, segk, sz: _Ch
     are too few lines to give every thread several."""
     W = lout[2]
     lines = geom.n * lout[0] * lout[1]
+    if lines == 0 or W == 0:              # an empty problem (memory estimates plan it)
+        return [0, 0, 0, 0]
     ratio = istep[2] / ostep[2]           # source pixels per output pixel
     per_out = 4 * sz.LP
     if sz.packed:
