@@ -195,7 +195,6 @@ def test_auto_sends_few_channel_groups_to_the_grouped_kernel(op):
     per group and more are GEMM-shaped (the native engine)."""
     for name in ("dw-2d-k3", "dw-mult4-3d", "resnext-4to4x32", "spec-5to2-3d"):
         geom = ConvGeometry(**CASES[name])
-        for dt in (np.float32, np.float16, bfloat16):
-            assert kernels.select(op, geom, dt).name == "grouped", (name, dt)
+        assert kernels.select(op, geom, np.float32).name == "grouped", name
     wide = ConvGeometry(**case(2, groups=4, cg=16, og=16, size=9, k=3))
     assert kernels.select(op, wide, np.float32).name == "native"
