@@ -198,3 +198,19 @@ def test_auto_sends_few_channel_groups_to_the_grouped_kernel(op):
         assert kernels.select(op, geom, np.float32).name == "grouped", name
     wide = ConvGeometry(**case(2, groups=4, cg=16, og=16, size=9, k=3))
     assert kernels.select(op, wide, np.float32).name == "native"
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_huge_dilation_costs_no_empty_passes(isa, rng):
+    """A dilation of 10^6 (taps 10^6 pixels apart; padding makes the problem valid):
+    one pass per residue class present, not 10^6 empty ones (this hung once)."""
+    c = case(1, groups=4, cg=1, og=2, size=5, k=2, d=10**6, pb=500_000, pe=499_999, n=1)
+    check(c, rng, isa=isa, channels_last=True)
+
+
+def test_data_gradients_with_too_many_stride_phases_are_declined():
+    geom = ConvGeometry(**case(2, groups=4, cg=1, og=1, size=3, k=1, s=(100, 100), pb=0,
+                               pe=0))
+    assert "stride phases" in grouped.supports_op("dgrad")(geom, np.float32)
+    assert grouped.supports_op("fwd")(geom, np.float32) is None
+    assert kernels.select("dgrad", geom, np.float32).name != "grouped"

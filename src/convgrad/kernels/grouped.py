@@ -53,6 +53,9 @@ STREAM_BYTES = 8 * 2**20
 REG_MARGIN = 0
 # Source channels per lane above this: GEMM-shaped, the native kernel's domain.
 MAX_J = 64
+# Data gradients with more stride phases than this (product of the strides) are left to
+# the other kernels: the plan lists the taps of every phase.
+MAX_PHASES = 4096
 
 _I64 = ctypes.c_int64
 _VP = ctypes.c_void_p
@@ -104,6 +107,9 @@ def supports_op(op: str):
         if why is not None:
             return why
         lanes, cin, a, b = _operands(geom, op)
+        if op == "dgrad" and math.prod(geom.strides) > MAX_PHASES:
+            return (f"{math.prod(geom.strides)} stride phases > {MAX_PHASES}: the plan lists "
+                    f"every phase")
         if b > MAX_J:
             return (f"{b} source channels per {op} output channel > {MAX_J}: GEMM-shaped, "
                     f"the native kernel's")

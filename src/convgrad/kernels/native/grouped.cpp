@@ -704,10 +704,11 @@ struct Runner {
                     for (size_t s = 0; s < sweeps.size(); s++)
                         if (s == 0 || sweeps[s].nk != sweeps[s - 1].nk) runs.push_back(s);
                     runs.push_back(sweeps.size());
-                    for (int64_t rho = 0; rho < pdist; rho++) {
+                    // one pass per residue class of q mod pdist present in [a, e): its
+                    // first pixel qs (at most e - a passes, however large pdist is -- a
+                    // huge dilation must not cost a loop of pdist empty passes)
+                    for (int64_t qs = a; qs < std::min(e, a + pdist); qs++) {
                         // pixels q = qs + i * pdist in [a, e)
-                        const int64_t qs = a + ((rho - a) % pdist + pdist) % pdist;
-                        if (qs >= e) continue;
                         const int64_t npx = (e - qs + pdist - 1) / pdist;
                         const int64_t ntiles = (npx + R - 1) / R;
                         int64_t q = qs;
