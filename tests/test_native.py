@@ -316,6 +316,24 @@ def test_the_16_float_build_logic_matches_the_naive_reference(vl16_engine, seed,
         check(list(STRUCTURAL.values())[seed], rng)
 
 
+@pytest.mark.parametrize("name", ["dw-2d-k3-s2", "dw-mult3-1d", "spec-5to2-3d",
+                                  "resnext-4to4x32", "g8-32to32", "g3-2to5-1d"])
+def test_the_16_float_build_grouped_kernel_matches_the_reference(vl16_engine, name, rng,
+                                                                  monkeypatch):
+    """The grouped kernel (native/grouped.cpp) at 16 lanes: its lane tables, permutes
+    and tails as the AVX-512 build runs them."""
+    import test_grouped
+    from convgrad.kernels import grouped
+    monkeypatch.setattr(native, "engine", lambda: vl16_engine)
+    grouped.plan.cache_clear()
+    try:
+        for channels_last, dtype in ((True, np.float32), (False, np.float16)):
+            test_grouped.check(test_grouped.CASES[name], rng, dtype=dtype,
+                               channels_last=channels_last)
+    finally:
+        grouped.plan.cache_clear()
+
+
 # -- results stored as float16 / bfloat16 ------------------------------------------------
 
 def _rounding_inputs():

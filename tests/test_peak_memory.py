@@ -65,9 +65,10 @@ class MemoryCase:
         total = 0
         for label in self.allowed:
             if label == "float32 result":
-                # the native engine stores a float16/bfloat16 forward or data result in
+                # the native engine (and its grouped kernel) stores a float16/bfloat16
+                # forward or data result in
                 # its own dtype (rounded once): no float32 result to allow for
-                if (result["kernel"] in ("native", "winograd")
+                if (result["kernel"] in ("native", "winograd", "grouped")
                         and result["call"]["op"] != "wgrad"):
                     continue
                 total += result["output_bytes"] * 2
@@ -132,7 +133,7 @@ CASES = [
 ]
 
 
-BUDGETED = ("native", "winograd", "shifted", "direct", "im2col")
+BUDGETED = ("native", "winograd", "grouped", "shifted", "direct", "im2col")
 
 
 def kernel_budget(kernel: str, call: dict, workspace: int) -> int:
@@ -155,6 +156,13 @@ def kernel_budget(kernel: str, call: dict, workspace: int) -> int:
         from convgrad.kernels import winograd
         with convgrad.config(workspace_bytes=workspace):
             return sum(winograd.workspace(_geometry(call), call["op"]).values())
+    if kernel == "grouped":
+        # per-thread scratch (<= min(1 MiB, W/2T): packed source lines, one output
+        # line), packed weights (fwd, dgrad) or partial weight gradients (<= min(8 MiB,
+        # W/4)): no data tensor.  The estimate for a caller whose inputs are not read
+        # in place (packed lines) bounds the in-place one.
+        from convgrad.kernels import grouped
+        return sum(grouped.workspace(_geometry(call), call["op"]).values())
     if kernel == "shifted":
         # grids of one batch block <= the budget; weights per tap and folded (2 w),
         # or partial weight gradients (<= 4 per thread, + 1); folding buffers

@@ -282,7 +282,7 @@ def _reference_memory(call: Call) -> dict[str, int]:
 
 
 def _register_builtin() -> None:
-    from . import direct, im2col, native, reference, shifted, winograd
+    from . import direct, grouped, im2col, native, reference, shifted, winograd
     native.warn_if_unavailable()
     for op in OPS:
         register(Kernel("native", op, getattr(native, op), native.supports, priority=40,
@@ -290,6 +290,9 @@ def _register_builtin() -> None:
         register(Kernel("winograd", op, getattr(winograd, op), winograd.supports,
                         priority=35, layout="nxc", converts=True, half_io=True,
                         memory=winograd.memory))
+        register(Kernel("grouped", op, getattr(grouped, op), grouped.supports_op(op),
+                        priority=34, layout="nxc", converts=True, half_io=True,
+                        memory=grouped.memory))
         register(Kernel("reference", op, getattr(reference, op), _always, priority=0,
                         memory=_reference_memory))
         register(Kernel("im2col", op, getattr(im2col, op), _always, priority=10,

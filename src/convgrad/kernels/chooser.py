@@ -12,8 +12,17 @@ Rules, from the measurements in ``benchmarks/`` (float32, 2 threads):
   few-channel groups below; the NumPy/numba kernels are its fallbacks (float64,
   integers, or no loadable build);
 
-- grouped problems with few channels per group (depthwise, ResNeXt-like, the
-  GroupConvolutionBackpropData spec op) are not GEMM-shaped: the direct
+- grouped problems with at most GROUPED_MAX_CHANNELS input and output channels
+  per group (depthwise with a multiplier up to 8, ResNeXt's 4 -> 4, the
+  GroupConvolutionBackpropData spec op's 2 -> 5): the native grouped kernel
+  (``grouped``, lane-aligned vectors, no GEMM).  Measured (2 threads, 8x128x28x28,
+  3x3, NCX caller, ms, fwd / wgrad / dgrad): 32 groups of 4: grouped 12.0 / 15.7 /
+  12.6, direct 20.8 / 19.8 / 17.6, native 26.2 / 34.9 / 25.4; 16 groups of 8:
+  grouped 8.7 / 8.8 / 8.5, native 10.5 / 15.2 / 15.4; 8 groups of 16: grouped
+  19.3 / 18.6 / 40.1, native 14.6 / 18.7 / 8.4 (GEMM-shaped from there on).  On the
+  suite's depthwise and grouped rows it is 1.1-7x faster than the direct kernel
+  (float16 3-4.5x), see docs/kernels.md, "Grouped kernel";
+- other grouped problems with few channels per group are not GEMM-shaped: the direct
   kernel, which itself declines groups large enough for GEMMs
   (``direct.supports``), whatever the number of groups.  The shifted kernel's
   one small GEMM per group and tap is 2-20x slower for 32 or 144 groups, and
@@ -39,6 +48,7 @@ import math
 from ..geometry import ConvGeometry
 
 WASTE_LIMIT = 1.3         # shifted grid rows / output positions above this: im2col
+GROUPED_MAX_CHANNELS = 8  # C/G and O/G at most this: the grouped kernel first
 
 
 @functools.lru_cache(maxsize=512)
@@ -60,6 +70,8 @@ def preference(op: str, geom: ConvGeometry) -> list[str]:
     from . import winograd
     first = ["winograd"] if winograd.preferred(geom, op) else []
     if geom.groups > 1:
+        if max(geom.c, geom.o) // geom.groups <= GROUPED_MAX_CHANNELS:
+            return first + ["grouped", "direct", "native", "shifted", "im2col"]
         return first + ["direct", "native", "shifted", "im2col"]
     if op != "wgrad" and grid_waste(op, geom) > WASTE_LIMIT:
         return first + ["native", "im2col", "shifted"]

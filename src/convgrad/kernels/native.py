@@ -347,24 +347,16 @@ def workspace(geom: ConvGeometry, op: str) -> dict[str, int]:
 def memory(call) -> dict[str, int]:
     """The registry's memory estimate (kernels.Call): no input copies (inputs are
     read in place or converted a block of lines at a time), the float32 result
-    when the caller keeps another (another layout; a float16/bfloat16 weight
-    gradient, or a data result the call does not take in its own dtype), and
-    :func:`workspace`."""
+    when the caller keeps another (:func:`result_copy`), and :func:`workspace`."""
     from . import ROLES
-    parts = {}
-    if call.op == "wgrad":
-        layout = "nxc"
-    else:
+    parts = result_copy(call)
+    if call.op != "wgrad":
         data = call.a if call.op == "fwd" else call.b
-        layout = "nxc" if "nxc" in data.layouts or "ncx" not in data.layouts else "ncx"
-    direct = call.op != "wgrad" and call.direct_result and call.out.dtype in DTYPE_CODES
-    if (call.out.dtype != np.float32 and not direct) or layout not in call.out.layouts:
-        parts[f"{ROLES[call.op][2]} before the caller's copy"] = call.out.size * 4
-    if call.op != "wgrad" and (data.dtype != np.float32 or "nxc" not in data.layouts):
-        eng = engine() if available() is None else None
-        if _weight_stationary(call.geom, call.op, eng.vl if eng else 8):
-            parts[f"{ROLES[call.op][0 if call.op == 'fwd' else 1]} in float32 channels "
-                  "last"] = math.prod(data.shape) * 4
+        if data.dtype != np.float32 or "nxc" not in data.layouts:
+            eng = engine() if available() is None else None
+            if _weight_stationary(call.geom, call.op, eng.vl if eng else 8):
+                parts[f"{ROLES[call.op][0 if call.op == 'fwd' else 1]} in float32 channels "
+                      "last"] = math.prod(data.shape) * 4
     if call.op == "wgrad" and _small_wgrad_inputs(call.geom):
         for role, d in (("x", call.a), ("dy", call.b)):
             if d.dtype != np.float32 or "nxc" not in d.layouts:
@@ -380,6 +372,23 @@ def memory(call) -> dict[str, int]:
         parts["a sample's panels, per thread"] = threads * b * 4
         if call.op == "wgrad":
             parts["per-sample weight gradients"] = (min(threads, g.n) + 1) * g.o * g.c * 4
+    return parts
+
+
+def result_copy(call) -> dict[str, int]:
+    """The float32 result of an engine kernel when the caller keeps another (another
+    layout; a float16/bfloat16 weight gradient, or a data result the call does not
+    take in its own dtype); nothing otherwise."""
+    from . import ROLES
+    parts = {}
+    if call.op == "wgrad":
+        layout = "nxc"
+    else:
+        data = call.a if call.op == "fwd" else call.b
+        layout = "nxc" if "nxc" in data.layouts or "ncx" not in data.layouts else "ncx"
+    direct = call.op != "wgrad" and call.direct_result and call.out.dtype in DTYPE_CODES
+    if (call.out.dtype != np.float32 and not direct) or layout not in call.out.layouts:
+        parts[f"{ROLES[call.op][2]} before the caller's copy"] = call.out.size * 4
     return parts
 
 

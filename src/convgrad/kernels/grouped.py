@@ -1,0 +1,589 @@
+"""Depthwise and grouped convolutions with few channels per group, on the native engine.
+
+``native/grouped.cpp`` computes all three ops with *lane-aligned* vectors: a
+vector holds VL consecutive output channels of the op (the forward result's,
+the data gradient's, dy's for the weight gradient), and the source operand is
+read in the same lane order -- as it is for depthwise layers, through one
+in-register permutation of a loaded vector when a lane block's source channels
+lie within VL channels (ResNeXt's 4 -> 4, the forward and weight gradient of the
+GroupConvolutionBackpropData spec example), or from lines expanded once into
+``[w][j][lane]`` order otherwise (its data gradient: 5 dy channels per dx
+channel).  Every multiply is a useful one: no block-diagonal zeros, no padding
+operands (D17).  See docs/kernels.md, "Grouped kernels".
+
+This module plans a call (cached per geometry): the stride phases, the taps of
+each kernel row grouped into *sweeps* (taps whose source columns are a fixed
+step apart, so a register tile loads each source vector once), the segments of
+output pixels on which the same taps read the input, the lane permutation
+tables, and the work items (output lines, cut along w when a line's scratch
+would not fit the workspace budget).  It packs the weights (tiny), runs items
+on the kernels' threads, and sums weight-gradient partials in a fixed order.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import settings
+from ..geometry import ConvGeometry
+from . import _pool, native
+from ._blas import scratch
+
+# Per-thread scratch target: packed source lines (kept while the tiles of the
+# next output lines read them) and one output line.
+SCRATCH_BYTES = 1 * 2**20
+# Items (output lines) per thread at least, so the threads finish together.
+ITEMS_PER_THREAD = 4
+# Weight gradients: the positions' items are cut into at most this many chunks,
+# each with a partial gradient (summed in chunk order: deterministic).
+WGRAD_CHUNKS = 16
+PARTIALS_BYTES = 8 * 2**20
+# Below this many bytes moved, one thread is faster than waking the others.
+SERIAL_BYTES = 256 * 2**10
+# Results at least this large are written with streaming stores (float32,
+# channels last): they would only evict the inputs from the caches.
+STREAM_BYTES = 8 * 2**20
+# Vector registers left to the compiler beyond a tile's accumulators, weights and
+# source vector (fewer: it spills the accumulators).
+REG_MARGIN = 0
+# Source channels per lane above this: GEMM-shaped, the native kernel's domain.
+MAX_J = 64
+# Data gradients with more stride phases than this (product of the strides) are left to
+# the other kernels: the plan lists the taps of every phase.
+MAX_PHASES = 4096
+
+_I64 = ctypes.c_int64
+_VP = ctypes.c_void_p
+
+
+class _Problem(ctypes.Structure):
+    _fields_ = [("src", native._Tensor), ("dy", native._Tensor), ("out", _VP),
+                ("ostride", _I64 * 5), ("out_dtype", _I64), ("stream", _I64),
+                ("N", _I64), ("Lin", _I64 * 3), ("Lout", _I64 * 3), ("Cin", _I64),
+                ("lanes", _I64), ("J", _I64), ("nlv", _I64), ("perm", _I64),
+                ("packed", _I64), ("expand", _I64), ("ps", _I64), ("dy_packed", _I64),
+                ("wstart", _VP), ("perm_idx", _VP), ("gidx", _VP),
+                ("is_", _I64 * 3), ("os", _I64 * 3), ("P", _I64), ("R", _I64),
+                ("classes", _VP), ("wph", _VP), ("grp", _VP), ("seg", _VP), ("segk", _VP),
+                ("W", _VP), ("nchunks", _I64), ("chunks", _VP), ("cache_lines", _I64)]
+
+
+_BOUND: dict[str, tuple[int, int]] = {}
+
+
+def _lib(eng: native.Engine):
+    """The engine's library with the grouped entry points declared (once per build)."""
+    if eng.isa not in _BOUND or _BOUND[eng.isa][0] != id(eng.lib):
+        lib, vp, i64 = eng.lib, ctypes.c_void_p, ctypes.c_int64
+        for name, res, args in (("cg_grouped_rmax", i64, []), ("cg_grouped_nkmax", i64, []),
+                                ("cg_grouped_regs", i64, []),
+                                ("cg_grouped_scratch", i64, [vp, i64]),
+                                ("cg_grouped_corr_run", None, [vp, i64, i64, vp]),
+                                ("cg_grouped_wgrad_run", None, [vp, i64, i64, vp, vp])):
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        _BOUND[eng.isa] = (id(eng.lib), int(lib.cg_grouped_rmax()))
+    return eng.lib
+
+
+# -- which problems ----------------------------------------------------------------------
+
+def _operands(geom: ConvGeometry, op: str) -> tuple[int, int, int, int]:
+    """(lanes, source channels, A, B): lane l meets source channels (l // A) * B + j, j < B."""
+    G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
+    if op == "dgrad":
+        return geom.c, geom.o, cg, og
+    return geom.o, geom.c, og, cg
+
+
+def supports_op(op: str):
+    def supports(geom: ConvGeometry, dtype) -> str | None:
+        why = native.supports(geom, dtype)
+        if why is not None:
+            return why
+        lanes, cin, a, b = _operands(geom, op)
+        if op == "dgrad" and math.prod(geom.strides) > MAX_PHASES:
+            return (f"{math.prod(geom.strides)} stride phases > {MAX_PHASES}: the plan lists "
+                    f"every phase")
+        if b > MAX_J:
+            return (f"{b} source channels per {op} output channel > {MAX_J}: GEMM-shaped, "
+                    f"the native kernel's")
+        return None
+    return supports
+
+
+# -- plans -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    op: str
+    vl: int
+    n: int
+    lin: tuple            # source spatial sizes (3-D)
+    lout: tuple           # output (corr) / dy (wgrad) spatial sizes (3-D)
+    cin: int
+    lanes: int
+    J: int
+    nlv: int
+    perm: bool
+    expand: bool
+    packed: bool
+    ps: int
+    wstart: np.ndarray    # [nlv][J] int32
+    perm_idx: np.ndarray  # [nlv][J][VL] int32
+    gidx: np.ndarray      # [J][LP] int32
+    istep: tuple
+    ostep: tuple
+    P: int
+    R: int
+    classes: np.ndarray
+    wph: np.ndarray
+    grp: np.ndarray
+    seg: np.ndarray
+    segk: np.ndarray
+    entries: np.ndarray   # per entry: its weight tap
+    chunks: np.ndarray    # per chunk: u0, u1, i0, i1
+    cache_lines: int
+
+    @property
+    def items(self) -> int:
+        return self.n * self.lout[0] * self.lout[1] * (len(self.chunks) // 4)
+
+
+def _pad3(v, fill):
+    return native._pad3(v, fill)
+
+
+def _taps(geom: ConvGeometry, op: str):
+    """Per class (d, h stride phase of the output lines; one class unless a data
+    gradient), per w-phase: (rw, Uq, taps) with taps (off_d, off_h, off_w, t)."""
+    k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
+                      _pad3(geom.pads_begin, 0))
+    if op != "dgrad":
+        m3 = _pad3(geom.out_sizes, 1)
+        taps = [(kd * d3[0] - p3[0], kh * d3[1] - p3[1], kw * d3[2] - p3[2], t)
+                for t, (kd, kh, kw) in enumerate(np.ndindex(*k3))]
+        return [[(0, m3[2], taps)]]
+    l3 = _pad3(geom.in_sizes, 1)
+    classes = []
+    for rd in range(s3[0]):
+        for rh in range(s3[1]):
+            phases = []
+            for rw in range(s3[2]):
+                uq = -(-(l3[2] - rw) // s3[2]) if rw < l3[2] else 0
+                taps = []
+                for t, k in enumerate(np.ndindex(*k3)):
+                    num = [r + p - ki * d for r, p, ki, d in zip((rd, rh, rw), p3, k, d3)]
+                    if all(v % s == 0 for v, s in zip(num, s3)):
+                        taps.append((*(v // s for v, s in zip(num, s3)), t))
+                phases.append((rw, uq, taps))
+            classes.append(phases)
+    return classes
+
+
+def _valid_range(U: int, step: int, off: int, L: int) -> tuple[int, int]:
+    """q in [0, U) with 0 <= q*step + off < L."""
+    lo = 0 if off >= 0 else -(-(-off) // step)
+    hi = 0 if L - 1 - off < 0 else (L - 1 - off) // step + 1
+    lo, hi = max(0, lo), min(U, hi)
+    return lo, max(lo, hi)
+
+
+def _lane_tables(lanes, cin, a, b, vl, bound):
+    """Per (lane vector, j): the source channels of its lanes; the window
+    [start, start + vl) holding them (start <= bound - vl) and the lanes'
+    indices into it; None when some lane vector's channels span more than vl."""
+    nlv = -(-lanes // vl)
+    wstart = np.zeros((nlv, b), np.int32)
+    perm = np.zeros((nlv, b, vl), np.int32)
+    for lv in range(nlv):
+        ls = np.arange(lv * vl, min(lanes, (lv + 1) * vl))
+        for j in range(b):
+            src = (ls // a) * b + j
+            lo = int(min(src.min(), max(0, bound - vl)))
+            if src.max() - lo >= vl:
+                return None
+            wstart[lv, j] = lo
+            perm[lv, j, :len(ls)] = src - lo
+    return wstart, perm
+
+
+@functools.lru_cache(maxsize=256)
+def plan(geom: ConvGeometry, op: str, vl: int, rmax: int, nkmax: int, regs: int,
+         src_direct: bool, threads: int, budget: int) -> Plan:
+    """Everything about a call that depends on its geometry (pure, cached).
+    ``src_direct``: the source is float32 with unit channel stride (may be read in
+    place); ``budget``: per-thread scratch bytes."""
+    lanes, cin, a, b = _operands(geom, op)
+    J = b
+    nlv = -(-lanes // vl)
+    LP = nlv * vl
+    identity = a == 1 and b == 1
+    wstart = np.zeros((nlv, J), np.int32)
+    perm_idx = np.zeros((nlv, J, vl), np.int32)
+    gidx = np.full((J, LP), -1, np.int32)
+    perm = expand = False
+    if identity:
+        packed = not (src_direct and lanes % vl == 0)
+        ps = LP
+    else:
+        packed = not (src_direct and cin >= vl)
+        ps = max(cin, vl) if packed else cin
+        tables = _lane_tables(lanes, cin, a, b, vl, ps)
+        if tables is not None:
+            perm = True
+            wstart, perm_idx = tables
+        else:
+            expand = packed = True
+            ps = J * LP
+            ls = np.arange(lanes)
+            gidx[:, :lanes] = (ls // a)[None, :] * b + np.arange(J)[:, None]
+    s3, d3 = _pad3(geom.strides, 1), _pad3(geom.dilations, 1)
+    if op == "dgrad":
+        lin, lout = _pad3(geom.out_sizes, 1), _pad3(geom.in_sizes, 1)
+        istep, ostep = (1, 1, 1), s3
+    else:
+        lin, lout = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)
+        istep, ostep = s3, (1, 1, 1)
+    # tile pixels P apart: the taps of a phase whose source offsets differ by P*is
+    P = d3[2] // math.gcd(d3[2], s3[2])
+    step = P * istep[2]
+    classes, wph, grp, seg, segk, entries = [], [], [], [], [], []
+    nk_used = 1
+    rows_per_class = 1
+    for phases in _taps(geom, op):
+        first = len(wph) // 6
+        rows = set()
+        for rw, uq, taps in phases:
+            g0 = len(grp) // 5
+            by_key = {}
+            for od, oh, ow, t in taps:
+                by_key.setdefault((od, oh, ow % step), []).append((ow, t))
+                rows.add((od, oh))
+            groups = []
+            for (od, oh, _), members in sorted(by_key.items()):
+                members.sort()
+                run = [members[0]]
+                for ow, t in members[1:]:
+                    if ow == run[-1][0] + step and len(run) < nkmax:
+                        run.append((ow, t))
+                    else:
+                        groups.append((od, oh, run))
+                        run = [(ow, t)]
+                groups.append((od, oh, run))
+            ranges = []
+            for od, oh, run in groups:
+                grp += [od, oh, run[0][0], len(run), len(entries)]
+                entries += [t for _, t in run]
+                nk_used = max(nk_used, len(run))
+                ranges.append([_valid_range(uq, istep[2], ow, lin[2]) for ow, _ in run])
+            g1 = len(grp) // 5
+            bps = sorted({0, uq} | {v for rs in ranges for r in rs for v in r})
+            s0 = len(seg) // 3
+            for lo, hi in zip(bps, bps[1:]):
+                if hi <= lo or hi > uq:
+                    continue
+                seg += [lo, hi, len(segk)]
+                for rs in ranges:
+                    ks = [k for k, (va, vb) in enumerate(rs) if va <= lo and vb >= hi]
+                    if ks:
+                        assert ks == list(range(ks[0], ks[-1] + 1)), ks
+                        segk += [ks[0], ks[-1] + 1]
+                    else:
+                        segk += [0, 0]
+            wph += [rw, uq, g0, g1, s0, len(seg) // 3]
+        rows_per_class = max(rows_per_class, len(rows))
+        classes += [first, len(wph) // 6]
+    # registers: R accumulators (dy vectors), the sweep's weights (tap sums), the
+    # source vector and the permutation (grouped.cpp: nk_fits)
+    R = min(rmax, regs - 1 - nk_used - (1 if perm else 0) - REG_MARGIN)
+    cache_lines = 2 * rows_per_class + 2 if packed else 0
+    chunks = _chunks(geom, lin, lout, istep, ostep, step, wph, grp, seg, segk, _ChunkSizes(
+        cin, ps, LP, lanes, packed, cache_lines, max(1, R) * P * ostep[2], threads, budget))
+    arr = lambda v: np.ascontiguousarray(np.array(v, np.int64).reshape(-1))   # noqa: E731
+    out = Plan(op, vl, geom.n, lin, lout, cin, lanes, J, nlv, perm, expand, packed, ps,
+               np.ascontiguousarray(wstart), np.ascontiguousarray(perm_idx),
+               np.ascontiguousarray(gidx), istep, ostep, P, max(1, R), arr(classes), arr(wph),
+               arr(grp or [0]), arr(seg or [0]), arr(segk or [0]), arr(entries), arr(chunks),
+               cache_lines)
+    for v in (out.wstart, out.perm_idx, out.gidx, out.classes, out.wph, out.grp, out.seg,
+              out.segk, out.entries, out.chunks):
+        v.setflags(write=False)
+    return out
+
+
+@dataclass(frozen=True)
+class _ChunkSizes:
+    cin: int
+    ps: int
+    LP: int
+    lanes: int
+    packed: bool
+    cache_lines: int
+    min_width: int
+    threads: int
+    budget: int
+
+
+def _window(lin_w, istep_w, ostep_w, tapstep, wph, grp, seg, segk, u0, u1):
+    """The source w range [i0, i1) that the output pixels [u0, u1) read, over the
+    w-phases of every class."""
+    lo = hi = None
+    for p in range(len(wph) // 6):
+        rw, uq, g0, g1, s0, s1 = wph[6 * p: 6 * p + 6]
+        qa = max(0, -(-(u0 - rw) // ostep_w))
+        qb = min(uq, -(-(u1 - rw) // ostep_w))
+        for sg in range(s0, s1):
+            a, e, kofs = seg[3 * sg: 3 * sg + 3]
+            a, e = max(a, qa), min(e, qb)
+            if e <= a:
+                continue
+            for gi, g in enumerate(range(g0, g1)):
+                k0, k1 = segk[kofs + 2 * gi], segk[kofs + 2 * gi + 1]
+                if k1 <= k0:
+                    continue
+                ow0 = grp[5 * g + 2]
+                first = a * istep_w + ow0 + k0 * tapstep
+                last = (e - 1) * istep_w + ow0 + (k1 - 1) * tapstep
+                lo = first if lo is None else min(lo, first)
+                hi = last + 1 if hi is None else max(hi, last + 1)
+    if lo is None:
+        return 0, 0
+    return max(0, lo), min(lin_w, hi)
+
+
+def _chunks(geom, lin, lout, istep, ostep, tapstep, wph, grp, seg, segk, sz: _ChunkSizes):
+    """Pieces [u0, u1) of the output w range with their source windows [i0, i1):
+    one piece per line unless a line's scratch would exceed the budget, or there
+    are too few lines to give every thread several."""
+    W = lout[2]
+    lines = geom.n * lout[0] * lout[1]
+    if lines == 0 or W == 0:              # an empty problem (memory estimates plan it)
+        return [0, 0, 0, 0]
+    ratio = istep[2] / ostep[2]           # source pixels per output pixel
+    per_out = 4 * sz.LP
+    if sz.packed:
+        per_out += 4 * (sz.cache_lines * sz.ps + sz.cin) * ratio
+    width = max(sz.min_width, int(sz.budget // per_out))
+    pieces = max(1, -(-W // width))
+    want = ITEMS_PER_THREAD * sz.threads
+    if lines * pieces < want:
+        pieces = max(pieces, min(-(-want // lines), max(1, W // max(1, sz.min_width))))
+    out = []
+    for k in range(pieces):
+        u0, u1 = W * k // pieces, W * (k + 1) // pieces
+        if u1 <= u0:
+            continue
+        i0, i1 = _window(lin[2], istep[2], ostep[2], tapstep, wph, grp, seg, segk, u0, u1)
+        out += [u0, u1, i0, max(i0, i1)]
+    return out or [0, 0, 0, 0]
+
+
+# -- running -------------------------------------------------------------------------------
+
+def _threads(nbytes: int) -> int:
+    n = settings.threads()
+    from ._blas import cpu_count
+    n = cpu_count() if n is None else n
+    return 1 if nbytes < SERIAL_BYTES else max(1, n)
+
+
+def _budget(threads: int) -> int:
+    per = max(64 * 2**10, settings.workspace_bytes() // (2 * max(1, threads)))
+    return min(SCRATCH_BYTES, per)
+
+
+def _source_direct(a: np.ndarray) -> bool:
+    return a.dtype == np.float32 and a.strides[-1] == a.itemsize
+
+
+def _tables(pl: Plan, src: np.ndarray, dy: np.ndarray | None, out: np.ndarray | None,
+            weights: np.ndarray | None, stream: bool) -> _Problem:
+    t_src = native._tensor(src)
+    t_dy = native._tensor(dy) if dy is not None else native._Tensor()
+    if out is not None:
+        es = out.itemsize
+        st = [s // es for s in out.strides]
+        r = out.ndim - 2
+        ostride = [st[0]] + [0] * (3 - r) + st[1:]
+        out_ptr, out_code = out.ctypes.data, native.DTYPE_CODES[out.dtype]
+    else:
+        ostride, out_ptr, out_code = [0] * 5, None, 0
+    dy_packed = dy is not None and not (_source_direct(dy) and pl.lanes % pl.vl == 0)
+    return _Problem(t_src, t_dy, out_ptr, (_I64 * 5)(*ostride), out_code, int(stream), pl.n,
+                    (_I64 * 3)(*pl.lin), (_I64 * 3)(*pl.lout), pl.cin, pl.lanes, pl.J, pl.nlv,
+                    int(pl.perm), int(pl.packed), int(pl.expand), pl.ps, int(dy_packed),
+                    pl.wstart.ctypes.data, pl.perm_idx.ctypes.data, pl.gidx.ctypes.data,
+                    (_I64 * 3)(*pl.istep), (_I64 * 3)(*pl.ostep), pl.P, pl.R,
+                    pl.classes.ctypes.data, pl.wph.ctypes.data, pl.grp.ctypes.data,
+                    pl.seg.ctypes.data, pl.segk.ctypes.data,
+                    weights.ctypes.data if weights is not None else None,
+                    len(pl.chunks) // 4, pl.chunks.ctypes.data, pl.cache_lines)
+
+
+def _plan_for(geom: ConvGeometry, op: str, src: np.ndarray, threads: int) -> Plan:
+    eng = native.engine()
+    lib = _lib(eng)
+    return plan(geom, op, eng.vl, *_limits(eng), _source_direct(src), threads,
+                _budget(threads))
+
+
+def _limits(eng: native.Engine | None) -> tuple[int, int, int]:
+    """(largest tile, taps per sweep, vector registers) of a build."""
+    if eng is None:
+        return 12, 7, 16
+    lib = _lib(eng)
+    return int(lib.cg_grouped_rmax()), int(lib.cg_grouped_nkmax()), int(lib.cg_grouped_regs())
+
+
+def _corr_weights(pl: Plan, w: np.ndarray, geom: ConvGeometry, op: str, vl: int) -> np.ndarray:
+    """Weights [entry][j][lane] float32 (lanes padded with zeros)."""
+    G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
+    w3 = native._weights_2d(w)[pl.entries]             # (E, cg, O)
+    out = np.zeros((len(pl.entries), pl.J, pl.nlv * vl), np.float32)
+    if op == "fwd":
+        out[:, :, :geom.o] = w3
+    else:
+        c = np.arange(geom.c)
+        out[:, :, :geom.c] = w3[:, (c % cg)[None, :], ((c // cg) * og)[None, :] +
+                                np.arange(og)[:, None]]
+    return out
+
+
+def _run_corr(op: str, src: np.ndarray, w: np.ndarray, out: np.ndarray, geom: ConvGeometry):
+    eng = native.engine()
+    lib = _lib(eng)
+    nbytes = src.nbytes + out.nbytes
+    threads = _threads(nbytes)
+    pl = _plan_for(geom, op, src, threads)
+    weights = _corr_weights(pl, w, geom, op, eng.vl)
+    stream = (out.dtype == np.float32 and out.nbytes >= STREAM_BYTES
+              and out.strides[-1] == 4 and out.strides[-2] == 4 * pl.lanes
+              and pl.lanes % eng.vl == 0)
+    prob = _tables(pl, src, None, out, weights, stream)
+    pp = ctypes.addressof(prob)
+    need = int(lib.cg_grouped_scratch(pp, 0))
+
+    def run(lo, hi):
+        buf = scratch("grouped-scratch", (need,), np.float32, zero=False)
+        lib.cg_grouped_corr_run(pp, lo, hi, buf.ctypes.data)
+    _pool.run_ranges(run, pl.items, threads)
+    del prob, weights
+
+
+def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry, out_dtype=None) -> np.ndarray:
+    """Forward convolution: x (N, *L, C), w (*K, C/G, O) -> y (N, *M, O)."""
+    y = native._alloc_like(x, geom.n, geom.out_sizes, geom.o, out_dtype or np.float32)
+    if y.size == 0:
+        return y
+    if x.size == 0 or w.size == 0:
+        y[...] = 0
+        return y
+    _run_corr("fwd", x, w, y, geom)
+    return y
+
+
+def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> np.ndarray:
+    """Data gradient: w (*K, C/G, O), dy (N, *M, O) -> dx (N, *L, C), stride phases
+    inside the kernel."""
+    dx = native._alloc_like(dy, geom.n, geom.in_sizes, geom.c, out_dtype or np.float32)
+    if dx.size == 0:
+        return dx
+    if dy.size == 0 or w.size == 0:
+        dx[...] = 0
+        return dx
+    _run_corr("dgrad", dy, w, dx, geom)
+    return dx
+
+
+def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
+    """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32,
+    partial sums over a fixed cut of the positions added in order."""
+    cg = geom.c // geom.groups
+    result = np.zeros((*geom.kernel, cg, geom.o), np.float32)
+    if result.size == 0 or x.size == 0 or dy.size == 0:
+        return result
+    eng = native.engine()
+    lib = _lib(eng)
+    threads = _threads(x.nbytes + dy.nbytes)
+    pl = _plan_for(geom, "wgrad", x, threads)
+    LP = pl.nlv * eng.vl
+    part_floats = len(pl.entries) * pl.J * LP
+    nchunks = max(1, min(pl.items, WGRAD_CHUNKS,
+                         _budget_partials() // max(1, 4 * part_floats)))
+    prob = _tables(pl, x, dy, None, None, False)
+    pp = ctypes.addressof(prob)
+    need = int(lib.cg_grouped_scratch(pp, 1))
+    parts = scratch("grouped-partials", (nchunks, part_floats), np.float32, zero=True)
+
+    def task(k, lo, hi):
+        def run():
+            buf = scratch("grouped-scratch", (need,), np.float32, zero=False)
+            lib.cg_grouped_wgrad_run(pp, lo, hi, parts[k].ctypes.data, buf.ctypes.data)
+        return run
+    _pool.run_tasks([task(k, lo, hi) for k, (lo, hi) in
+                     enumerate(_pool.split(pl.items, nchunks))], threads)
+    total = np.add.reduce(parts, axis=0).reshape(len(pl.entries), pl.J, LP)
+    order = np.empty(len(pl.entries), np.int64)
+    order[pl.entries] = np.arange(len(pl.entries))
+    result.reshape(-1, cg, geom.o)[...] = total[order, :, :geom.o]
+    del prob
+    return result
+
+
+def _budget_partials() -> int:
+    return min(PARTIALS_BYTES, settings.workspace_bytes() // 4)
+
+
+# -- memory ----------------------------------------------------------------------------------
+
+def _scratch_floats(pl: Plan, op: str, dy_packed: bool) -> int:
+    """Floats of per-thread scratch of a run (the same sum as cg_grouped_scratch)."""
+    LP = pl.nlv * pl.vl
+    ch = pl.chunks.reshape(-1, 4)
+    win, outw = int((ch[:, 3] - ch[:, 2]).max()), int((ch[:, 1] - ch[:, 0]).max())
+    need = pl.cache_lines * win * pl.ps + win * pl.cin + pl.vl if pl.packed else 0
+    if op != "wgrad":
+        need += outw * LP
+    elif dy_packed:
+        need += outw * (LP + pl.lanes)
+    return need + 16
+
+
+def workspace(geom: ConvGeometry, op: str, src_direct: bool = False,
+              dy_direct: bool = False) -> dict[str, int]:
+    """An upper bound of the kernel's temporary memory for one call, by part: the
+    per-thread scratch (packed source lines, one output line; reused across
+    calls), the packed weights (fwd, dgrad) or the partial weight gradients."""
+    avail = native.available() is None
+    eng = native.engine() if avail else None
+    vl = eng.vl if eng else 8
+    nbytes = geom.n * (geom.c * math.prod(geom.in_sizes) + geom.o * math.prod(geom.out_sizes)) * 4
+    threads = _threads(nbytes)
+    pl = plan(geom, op, vl, *_limits(eng), src_direct, threads, _budget(threads))
+    LP = pl.nlv * vl
+    dy_packed = op == "wgrad" and not (dy_direct and pl.lanes % vl == 0)
+    parts = {"per-thread scratch": threads * 4 * _scratch_floats(pl, op, dy_packed)}
+    per_tap = len(pl.entries) * pl.J * LP * 4
+    if op == "wgrad":
+        parts["partial weight gradients"] = per_tap * max(1, min(
+            pl.items, WGRAD_CHUNKS, _budget_partials() // max(1, per_tap)))
+    else:
+        parts["packed weights"] = per_tap
+    return parts
+
+
+def memory(call) -> dict[str, int]:
+    """The registry's memory estimate (kernels.Call): no input copies, the float32
+    result when the caller keeps another (native.result_copy), and :func:`workspace`."""
+    src, other = (call.b, call.a) if call.op == "dgrad" else (call.a, call.b)
+    direct = lambda t: t.dtype == np.float32 and "nxc" in t.layouts   # noqa: E731
+    parts = native.result_copy(call)
+    parts.update(workspace(call.geom, call.op, direct(src),
+                           call.op == "wgrad" and direct(other)))
+    return parts

@@ -1,0 +1,770 @@
+// Depthwise and grouped convolutions with few channels per group: lane-aligned kernels.
+//
+// With few channels per group a convolution is not GEMM-shaped: an output value sums
+// a few dozen products, and the work is bound by memory traffic.  Here a vector holds
+// VL consecutive *lanes* (output channels of the op: y channels for the forward
+// convolution, dx channels for the data gradient, dy channels for the weight
+// gradient), and every operand is brought into lane order:
+//
+//   corr  (fwd, dgrad):  out[u][l] = sum_t sum_j src[u*is + off_t][idx(l, j)] * W[t][j][l]
+//   wgrad:               dw[t][j][l] = sum_p src[p*s + off_t][idx(l, j)] * dy[p][l]
+//
+// with idx(l, j) = (l / A) * B + j the source channel lane l meets as its j-th input
+// (A lanes and B = J source channels per group).  Depthwise (A = B = 1) reads the
+// source vector as it is; other small groups permute one loaded vector (its lanes
+// all lie within VL source channels) or, when they do not, read lines expanded once
+// into [w][j][lane] order.  No multiplication by zero padding lanes or padding
+// pixels is ever stored (docs/decisions.md D17).
+//
+// Register tiles (see docs/kernels.md, "Grouped kernels"): R output pixels of one
+// stride phase, P apart, x one vector of lanes.  The taps of one kernel row whose
+// source offsets are P*is apart form a *sweep*: the source columns the tile reads
+// for those taps are consecutive multiples of P*is, so each source vector is loaded
+// once per tile and sweep, and multiplied into every accumulator it meets.  corr
+// keeps the R output vectors in registers across all sweeps; wgrad keeps R dy
+// vectors in registers and the sweep's tap accumulators while it runs.
+//
+// Every entry point is single-threaded and works on a range of work items (output
+// lines, or pieces of them) that write disjoint outputs (corr) or add into the
+// caller's partial sum (wgrad); grouped.py runs ranges on its threads.
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "common.h"
+#include "simd.h"
+
+using namespace cg;
+
+namespace {
+
+constexpr int GR_NKMAX = 7;          // taps per sweep
+#if CG_VL == 16
+constexpr int GR_REGS = 32;          // zmm registers
+constexpr int GR_RMAX = 24;          // pixels per tile
+#else
+constexpr int GR_REGS = 16;          // ymm / xmm registers
+constexpr int GR_RMAX = 12;
+#endif
+
+// Taps a sweep of an R-pixel tile may cover: R accumulators (or dy vectors), NK
+// weights (or tap accumulators), the source vector and the permutation all in
+// registers.  Tiles are only compiled for sweeps that fit (the plan chooses R).
+constexpr int nk_fits(int r, bool perm) {
+    int n = GR_REGS - 1 - r - (perm ? 1 : 0);
+    return n < 1 ? 1 : (n > GR_NKMAX ? GR_NKMAX : n);
+}
+
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
+typedef int32_t viu __attribute__((vector_size(VL * 4), aligned(4), may_alias));
+
+static inline vf permute(vf v, vi idx) {
+#if defined(CG_EMULATE_VL16) || !(defined(CG_ISA_AVX2) || defined(CG_ISA_AVX512))
+    vf r;
+    for (int i = 0; i < VL; i++) r[i] = v[idx[i]];
+    return r;
+#elif defined(CG_ISA_AVX512)
+    return (vf)_mm512_permutexvar_ps((__m512i)idx, (__m512)v);
+#else
+    return (vf)_mm256_permutevar8x32_ps((__m256)v, (__m256i)idx);
+#endif
+}
+
+#define CG_INLINE inline __attribute__((always_inline))
+
+// The source columns of a sweep are read through one pointer stepped by xs:
+// indexing them from the start (x + c * xs) makes GCC keep R + NK - 1 offsets,
+// more than the free registers (measured: 2.2 against 3.7 FMA/ns on a tile of 8).
+CG_INLINE void bump(const float*& p) { __asm__("" : "+r"(p)); }
+
+// acc[i] += sum_k X(x + (i + k) * xs) * w[k * ws] for i < R, k < NK: each source
+// vector is loaded once (and permuted once) for every accumulator it meets.
+template <int R, int NK, bool PERM>
+CG_INLINE void csweep(vf (&acc)[R], const float* x, int64_t xs, const float* w, int64_t ws,
+                      vi pv) {
+    vf wv[NK];
+#pragma GCC unroll 8
+    for (int k = 0; k < NK; k++) wv[k] = load(w + k * ws);
+#pragma GCC unroll 32
+    for (int c = 0; c < R + NK - 1; c++) {
+        vf xv = load(x);
+        x += xs;
+        bump(x);
+        if (PERM) xv = permute(xv, pv);
+#pragma GCC unroll 8
+        for (int k = 0; k < NK; k++) {
+            const int i = c - k;
+            if (i >= 0 && i < R) acc[i] += xv * wv[k];
+        }
+    }
+}
+
+// a[k * as] += sum_i X(x + (i + k) * xs) * dyv[i] for k < NK, i < R (wgrad).
+template <int R, int NK, bool PERM>
+CG_INLINE void wsweep(const vf (&dyv)[R], const float* x, int64_t xs, float* a, int64_t as,
+                      vi pv) {
+    vf acc[NK];
+#pragma GCC unroll 8
+    for (int k = 0; k < NK; k++) acc[k] = load(a + k * as);
+#pragma GCC unroll 32
+    for (int c = 0; c < R + NK - 1; c++) {
+        vf xv = load(x);
+        x += xs;
+        bump(x);
+        if (PERM) xv = permute(xv, pv);
+#pragma GCC unroll 8
+        for (int k = 0; k < NK; k++) {
+            const int i = c - k;
+            if (i >= 0 && i < R) acc[k] += xv * dyv[i];
+        }
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < NK; k++) store(a + k * as, acc[k]);
+}
+
+// One sweep of a tile: the source at the tile's first pixel and the sweep's first
+// tap (channel 0 of the pixel), the weights (corr) or accumulators (wgrad) of that
+// tap (j = 0, lane 0), and the taps it covers.
+struct Sweep {
+    const float* x;
+    float* w;
+    int64_t nk;
+};
+
+// What every tile of a call shares.
+struct Lanes {
+    int64_t nlv;             // vectors of lanes
+    int64_t J;               // source channels per lane
+    int64_t LP;              // lanes padded to whole vectors (weight / accumulator rows)
+    int64_t xj;              // plain operands: source floats per j (expanded lines: LP)
+    int64_t xs;              // source floats from one tile pixel / tap to the next
+    int64_t ws;              // weight / accumulator floats from one tap to the next
+    const int32_t* wstart;   // permuted operands: [lv][j] window start channel
+    const int32_t* perm;     // ... and [lv][j][VL] lane indices into that window
+};
+
+// Cache lines a tile prefetches (software prefetch into L2), per lane vector a few:
+// the next line's source rows arrive while this line computes.  Bursts of
+// prefetches between tiles measured no better than none (the miss buffers fill
+// and stall the tile); spread over the lane vectors, the depthwise 3x3 data
+// gradient ran at 1.7 ms against 3.2 ms (one thread, 14 MB in and out).
+struct Prefetch {
+    const char* const* q = nullptr;
+    int64_t n = 0, per = 0;
+    CG_INLINE void issue(int64_t lv) const {
+        const int64_t a = lv * per, b = std::min(n, a + per);
+        for (int64_t k = a; k < b; k++) __builtin_prefetch(q[k], 0, 1);
+    }
+};
+
+// The source operand of lane vector lv and source channel j for a sweep.
+template <bool PERM>
+CG_INLINE const float* operand(const Sweep& s, int64_t xoff, const Lanes& L, int64_t lv,
+                               int64_t j, vi& pv) {
+    if (PERM) {
+        pv = *reinterpret_cast<const viu*>(L.perm + (lv * L.J + j) * VL);
+        return s.x + xoff + L.wstart[lv * L.J + j];
+    }
+    return s.x + xoff + j * L.xj + lv * VL;
+}
+
+// R output pixels (ostep floats apart) x every lane vector, summed over the ns
+// sweeps (all of NK taps); added to what out holds when accumulate.
+template <int R, int NK, bool PERM>
+void corr_tile(const Sweep* sw, int ns, int64_t xoff, const Lanes& Lr, float* out,
+               int64_t ostep, bool accumulate, const Prefetch& pf) {
+    const Lanes L = Lr;
+    for (int64_t lv = 0; lv < L.nlv; lv++) {
+        pf.issue(lv);
+        vf acc[R];
+#pragma GCC unroll 32
+        for (int i = 0; i < R; i++) acc[i] = accumulate ? load(out + i * ostep + lv * VL) : zero();
+        for (int s = 0; s < ns; s++) {
+            for (int64_t j = 0; j < L.J; j++) {
+                vi pv = vi{};
+                const float* xb = operand<PERM>(sw[s], xoff, L, lv, j, pv);
+                csweep<R, NK, PERM>(acc, xb, L.xs, sw[s].w + j * L.LP + lv * VL, L.ws, pv);
+            }
+        }
+#pragma GCC unroll 32
+        for (int i = 0; i < R; i++) store(out + i * ostep + lv * VL, acc[i]);
+    }
+}
+
+// The ns sweeps' (all of NK taps) accumulators += their source columns x the R dy
+// pixels (dys floats apart), for every lane vector.
+template <int R, int NK, bool PERM>
+void wgrad_tile(const Sweep* sw, int ns, int64_t xoff, const Lanes& Lr, const float* dy,
+                int64_t dys, bool, const Prefetch& pf) {
+    const Lanes L = Lr;
+    for (int64_t lv = 0; lv < L.nlv; lv++) {
+        pf.issue(lv);
+        vf dyv[R];
+#pragma GCC unroll 32
+        for (int i = 0; i < R; i++) dyv[i] = load(dy + i * dys + lv * VL);
+        for (int s = 0; s < ns; s++) {
+            for (int64_t j = 0; j < L.J; j++) {
+                vi pv = vi{};
+                const float* xb = operand<PERM>(sw[s], xoff, L, lv, j, pv);
+                wsweep<R, NK, PERM>(dyv, xb, L.xs, sw[s].w + j * L.LP + lv * VL, L.ws, pv);
+            }
+        }
+    }
+}
+
+typedef void (*corr_tile_fn)(const Sweep*, int, int64_t, const Lanes&, float*, int64_t, bool,
+                             const Prefetch&);
+typedef void (*wgrad_tile_fn)(const Sweep*, int, int64_t, const Lanes&, const float*, int64_t,
+                              bool, const Prefetch&);
+
+// Tables [r - 1][nk - 1] of the tiles that fit in registers (null elsewhere).
+template <bool PERM, int K>
+constexpr corr_tile_fn corr_pick() {
+    constexpr int R = K / GR_NKMAX + 1, NK = K % GR_NKMAX + 1;
+    if constexpr (NK <= nk_fits(R, PERM)) return &corr_tile<R, NK, PERM>;
+    else return nullptr;
+}
+
+template <bool PERM, int K>
+constexpr wgrad_tile_fn wgrad_pick() {
+    constexpr int R = K / GR_NKMAX + 1, NK = K % GR_NKMAX + 1;
+    if constexpr (NK <= nk_fits(R, PERM)) return &wgrad_tile<R, NK, PERM>;
+    else return nullptr;
+}
+
+template <bool PERM, int... K>
+constexpr std::array<corr_tile_fn, sizeof...(K)> corr_tiles(std::integer_sequence<int, K...>) {
+    return {corr_pick<PERM, K>()...};
+}
+
+template <bool PERM, int... K>
+constexpr std::array<wgrad_tile_fn, sizeof...(K)> wgrad_tiles(
+    std::integer_sequence<int, K...>) {
+    return {wgrad_pick<PERM, K>()...};
+}
+
+constexpr int GR_TILES = GR_RMAX * GR_NKMAX;
+
+const corr_tile_fn* corr_tile_table(bool perm) {
+    static const auto plain = corr_tiles<false>(std::make_integer_sequence<int, GR_TILES>{});
+    static const auto permuted = corr_tiles<true>(std::make_integer_sequence<int, GR_TILES>{});
+    return perm ? permuted.data() : plain.data();
+}
+
+const wgrad_tile_fn* wgrad_tile_table(bool perm) {
+    static const auto plain = wgrad_tiles<false>(std::make_integer_sequence<int, GR_TILES>{});
+    static const auto permuted = wgrad_tiles<true>(std::make_integer_sequence<int, GR_TILES>{});
+    return perm ? permuted.data() : plain.data();
+}
+
+}  // namespace
+
+extern "C" {
+
+// One grouped problem (grouped.py: _Problem, same field order).  Lines of the output
+// (corr: y or dx; wgrad: dy) are numbered (n * Lout[0] + od) * Lout[1] + oh.  A line
+// belongs to the class (od % os[0]) * os[1] + oh % os[1] (the data gradient's stride
+// phases in d and h; one class otherwise); a class has w-phases (output pixels
+// u = q * os[2] + rw, q < Uq), each with sweep groups (taps of one kernel row whose
+// source offsets are P * is[2] apart) and segments of q on which the same taps of
+// every group read the source.
+struct GroupedProblem {
+    Tensor src;                // the operand read in lane order: x (fwd, wgrad), dy (dgrad)
+    Tensor dy;                 // wgrad: dy (lanes = its channels)
+    void* out;                 // corr: the result (float32, float16 or bfloat16)
+    int64_t ostride[5];        // its strides, n, d, h, w, c (elements)
+    int64_t out_dtype;
+    int64_t stream;            // store float32 channels-last results with streaming stores
+    int64_t N, Lin[3], Lout[3];
+    int64_t Cin;               // source channels
+    int64_t lanes, J;          // lanes (output channels of the op), source channels per lane
+    int64_t nlv;               // vectors of lanes (LP = nlv * VL)
+    int64_t perm;              // operands: 0 plain, 1 one permuted window per (lv, j)
+    int64_t packed;            // source lines converted into scratch (else read in place)
+    int64_t expand;            // packed lines expanded to [w][j][LP] (gidx)
+    int64_t ps;                // floats per pixel of a packed source line
+    int64_t dy_packed;         // wgrad: dy lines converted into scratch
+    const int32_t* wstart;     // [nlv][J] (perm)
+    const int32_t* perm_idx;   // [nlv][J][VL] (perm)
+    const int32_t* gidx;       // [J][LP] source channel of (j, lane), -1: zero (expand)
+    int64_t is[3], os[3];
+    int64_t P, R;
+    const int64_t* classes;    // per class: first and end w-phase
+    const int64_t* wph;        // per w-phase: rw, Uq, first and end group, first and end segment
+    const int64_t* grp;        // per group: off_d, off_h, off_w, nk, first entry
+    const int64_t* seg;        // per segment: a, e, index into segk
+    const int64_t* segk;       // per (segment, group of its w-phase): k0, k1
+    const float* W;            // corr: weights [entry][J][LP]
+    int64_t nchunks;           // pieces of the output w range
+    const int64_t* chunks;     // per chunk: u0, u1 (output w), i0, i1 (source w window)
+    int64_t cache_lines;       // packed source lines kept per thread
+};
+
+int64_t cg_grouped_rmax(void) { return GR_RMAX; }
+int64_t cg_dbg = 0, cg_pf_hint = 3, cg_pf_dist = 1;
+void cg_grouped_pf(int64_t hint, int64_t dist) { cg_pf_hint = hint; cg_pf_dist = dist; }
+void cg_grouped_dbg(int64_t v) { cg_dbg = v; }
+int64_t cg_grouped_nkmax(void) { return GR_NKMAX; }
+int64_t cg_grouped_regs(void) { return GR_REGS; }
+
+// Floats of per-thread scratch a run needs.
+int64_t cg_grouped_scratch(const GroupedProblem* P, int64_t wgrad);
+
+// Items [lo, hi): item = chunk * lines + line.
+void cg_grouped_corr_run(const GroupedProblem* P, int64_t lo, int64_t hi, float* scratch);
+void cg_grouped_wgrad_run(const GroupedProblem* P, int64_t lo, int64_t hi, float* partial,
+                          float* scratch);
+
+}  // extern "C"
+
+namespace {
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+
+int64_t window_max(const GroupedProblem* P) {
+    int64_t m = 0;
+    for (int64_t c = 0; c < P->nchunks; c++)
+        m = std::max(m, P->chunks[4 * c + 3] - P->chunks[4 * c + 2]);
+    return m;
+}
+
+int64_t out_max(const GroupedProblem* P) {
+    int64_t m = 0;
+    for (int64_t c = 0; c < P->nchunks; c++)
+        m = std::max(m, P->chunks[4 * c + 1] - P->chunks[4 * c]);
+    return m;
+}
+
+// Packed source lines, least recently used replaced; keys (n * Lin0 + d) * Lin1 + h.
+struct LineCache {
+    float* base = nullptr;
+    int64_t slot = 0;
+    int cap = 0;
+    int64_t chunk = -1;
+    int64_t clock = 0;
+    std::vector<int64_t> keys, used;
+
+    void reset(float* b, int64_t floats_per_line, int lines) {
+        base = b, slot = floats_per_line, cap = lines;
+        keys.assign(cap, -1);
+        used.assign(cap, 0);
+        chunk = -1;
+    }
+    // The slot of key, and whether it must be filled.
+    float* get(int64_t key, bool& fill) {
+        int victim = 0;
+        for (int i = 0; i < cap; i++) {
+            if (keys[i] == key) {
+                used[i] = ++clock;
+                fill = false;
+                return base + i * slot;
+            }
+            if (used[i] < used[victim]) victim = i;
+        }
+        keys[victim] = key;
+        used[victim] = ++clock;
+        fill = true;
+        return base + victim * slot;
+    }
+};
+
+// Copy the window [i0, i1) of source line (n, d, h) into dst as float32 lane-ready
+// rows of ps floats: converted (dtype, channels-first layouts), zero-padded to ps
+// channels, or expanded to [j][LP] through gidx.
+void pack_source(const GroupedProblem* P, float* dst, float* tmp, int64_t n, int64_t d,
+                 int64_t h, int64_t i0, int64_t i1) {
+    const int64_t W = i1 - i0, C = P->Cin, ps = P->ps;
+    Tensor t = P->src;
+    t.ptr = at(P->src, 0, 0, 0, i0, 0);
+    static thread_local std::vector<int64_t> d1(1), h1(1);
+    d1[0] = d, h1[0] = h;
+    if (!P->expand && ps == C) {
+        pack_lines(dst, t, n, d1, h1, W, C);
+        return;
+    }
+    const float* rows;
+    int64_t rstride;
+    if (direct_f32(P->src)) {
+        rows = (const float*)at(t, n, d, h, 0, 0);
+        rstride = t.stride[3];
+    } else {
+        pack_lines(tmp, t, n, d1, h1, W, C);
+        rows = tmp;
+        rstride = C;
+    }
+    if (!P->expand) {
+        for (int64_t w = 0; w < W; w++) {
+            float* o = dst + w * ps;
+            std::memcpy(o, rows + w * rstride, C * sizeof(float));
+            std::memset(o + C, 0, (ps - C) * sizeof(float));
+        }
+        return;
+    }
+    const int64_t n_ = P->J * P->nlv * VL;
+    const int32_t* g = P->gidx;
+    for (int64_t w = 0; w < W; w++) {
+        const float* r = rows + w * rstride;
+        float* o = dst + w * ps;
+        for (int64_t k = 0; k < n_; k++) o[k] = g[k] >= 0 ? r[g[k]] : 0.0f;
+    }
+}
+
+// n floats to dst in dtype; float32 with streaming stores (whole 32-byte blocks of an
+// aligned destination) when stream.
+void put_floats(char* dst, int64_t dtype, const float* src, int64_t n, bool stream) {
+#if defined(CG_ISA_AVX2) || defined(CG_ISA_AVX512)
+    if (stream && dtype == F32) {
+        float* d = (float*)dst;
+        int64_t i = 0;
+        for (; i < n && ((uintptr_t)(d + i) & 31); i++) d[i] = src[i];
+        for (; i + 8 <= n; i += 8) _mm256_stream_ps(d + i, _mm256_loadu_ps(src + i));
+        for (; i < n; i++) d[i] = src[i];
+        return;
+    }
+#endif
+    (void)stream;
+    store_run(dst, dtype, 1, src, n);
+}
+
+// Store buf ([u][LP] floats, lanes valid) as npix output pixels starting at dst:
+// pixels pstride elements apart, channels cstride apart, in dtype.
+void store_pixels(char* dst, int64_t dtype, int64_t pstride, int64_t cstride, const float* buf,
+                  int64_t npix, int64_t lanes, int64_t LP, bool stream) {
+    const int64_t es = dtype == F32 ? 4 : 2;
+    if (cstride == 1) {
+        if (pstride == lanes && LP == lanes) {
+            put_floats(dst, dtype, buf, npix * lanes, stream);
+            return;
+        }
+        for (int64_t u = 0; u < npix; u++)
+            store_run(dst + es * u * pstride, dtype, 1, buf + u * LP, lanes);
+        return;
+    }
+    // channels first: blocks of 8 lanes x 64 pixels transposed 8 x 8
+    float blk[8][64];
+    for (int64_t c0 = 0; c0 < lanes; c0 += 8) {
+        const int64_t cn = std::min<int64_t>(8, lanes - c0);
+        for (int64_t u0 = 0; u0 < npix; u0 += 64) {
+            const int64_t un = std::min<int64_t>(64, npix - u0);
+            const float* s = buf + u0 * LP + c0;
+            int64_t u = 0;
+            if (cn == 8)
+                for (; u + 8 <= un; u += 8) transpose8(s + u * LP, LP, &blk[0][u], 64);
+            for (; u < un; u++)
+                for (int64_t c = 0; c < cn; c++) blk[c][u] = s[u * LP + c];
+            for (int64_t c = 0; c < cn; c++)
+                store_run(dst + es * ((c0 + c) * cstride + u0 * pstride), dtype, pstride,
+                          blk[c], un);
+        }
+    }
+}
+
+// The state of one run over a range of items.
+struct Runner {
+    const GroupedProblem* P;
+    bool wgrad;
+    Lanes L;
+    LineCache cache;
+    float* tmp;       // one converted source window (pack_source)
+    float* obuf;      // corr: one output line piece [u][LP]; wgrad: one packed dy piece
+    float* dytmp;     // wgrad: one converted dy piece before its lanes are padded
+    int64_t LP, pix;  // source floats per pixel (packed or in place)
+    std::vector<Sweep> sweeps;
+    std::vector<size_t> runs;
+    std::vector<const float*> rowptr;
+    // Software prefetch: the cache lines of the source rows (and dy row) the next
+    // item reads and this one does not, issued a few after every tile, so that the
+    // next line's data streams in while this line computes (the hardware
+    // prefetchers see one short strided stream per pixel and fall behind).
+    std::vector<const char*> rows_now, rows_next, pf;
+    const char* dy_next = nullptr;
+    bool tile_store = false;
+    size_t pf_pos = 0, pf_per_tile = 8;
+    int64_t tiles_last = 1, tiles_now = 0;
+
+    Runner(const GroupedProblem* P_, bool wg, float* scratch) : P(P_), wgrad(wg) {
+        LP = P->nlv * VL;
+        const int64_t win = window_max(P), outw = out_max(P);
+        float* s = scratch;
+        if (P->packed) {
+            cache.reset(s, win * P->ps, (int)P->cache_lines);
+            s += P->cache_lines * win * P->ps;
+            tmp = s;
+            s += win * P->Cin + VL;
+        } else {
+            tmp = nullptr;
+        }
+        obuf = s;
+        s += outw * LP;
+        dytmp = s;
+        pix = P->packed ? P->ps : P->src.stride[3];
+        tile_store = !wgrad && P->ostride[4] == 1 && !(cg_dbg & 8);
+        L.nlv = P->nlv;
+        L.J = P->J;
+        L.LP = LP;
+        L.xj = P->expand ? LP : 0;
+        L.xs = P->P * P->is[2] * pix;
+        L.ws = P->J * LP;
+        L.wstart = P->wstart;
+        L.perm = P->perm_idx;
+    }
+
+    // The source row (n, d, h) at source w index i0 of the chunk's window.
+    const float* source_row(int64_t n, int64_t d, int64_t h, int64_t chunk, int64_t i0,
+                            int64_t i1) {
+        if (!P->packed) return (const float*)at(P->src, n, d, h, i0, 0);
+        if (cache.chunk != chunk) {
+            cache.reset(cache.base, cache.slot, cache.cap);
+            cache.chunk = chunk;
+        }
+        bool fill;
+        float* row = cache.get((n * P->Lin[0] + d) * P->Lin[1] + h, fill);
+        if (fill) pack_source(P, row, tmp, n, d, h, i0, i1);
+        return row;
+    }
+
+    // dy pixels [u0, u1) of line (n, od, oh) as float32 rows of LP lanes.
+    const float* pack_dy(int64_t n, int64_t od, int64_t oh, int64_t u0, int64_t u1) {
+        Tensor t = P->dy;
+        t.ptr = at(P->dy, 0, 0, 0, u0, 0);
+        static thread_local std::vector<int64_t> d1(1), h1(1);
+        d1[0] = od, h1[0] = oh;
+        const int64_t O = P->lanes, W = u1 - u0;
+        if (LP == O) {
+            pack_lines(obuf, t, n, d1, h1, W, O);
+            return obuf;
+        }
+        pack_lines(dytmp, t, n, d1, h1, W, O);
+        for (int64_t u = 0; u < W; u++) {
+            std::memcpy(obuf + u * LP, dytmp + u * O, O * sizeof(float));
+            std::memset(obuf + u * LP + O, 0, (LP - O) * sizeof(float));
+        }
+        return obuf;
+    }
+
+    // Start addresses of the in-place rows (source window, and dy for wgrad) item it reads.
+    void item_rows(int64_t it, std::vector<const char*>& out) {
+        out.clear();
+        const int64_t nlines = P->N * P->Lout[0] * P->Lout[1];
+        const int64_t chunk = it / nlines, l = it % nlines;
+        const int64_t* ch = P->chunks + 4 * chunk;
+        const int64_t n = l / (P->Lout[0] * P->Lout[1]);
+        const int64_t od = (l / P->Lout[1]) % P->Lout[0], oh = l % P->Lout[1];
+        const int64_t cls = (od % P->os[0]) * P->os[1] + oh % P->os[1];
+        const int64_t qd = od / P->os[0], qh = oh / P->os[1];
+        if (!P->packed)
+            for (int64_t wp = P->classes[2 * cls]; wp < P->classes[2 * cls + 1]; wp++)
+                for (int64_t g = P->wph[6 * wp + 2]; g < P->wph[6 * wp + 3]; g++) {
+                    const int64_t* gr = P->grp + 5 * g;
+                    const int64_t d = qd * P->is[0] + gr[0], h = qh * P->is[1] + gr[1];
+                    if (d >= 0 && d < P->Lin[0] && h >= 0 && h < P->Lin[1])
+                        out.push_back(at(P->src, n, d, h, ch[2], 0));
+                }
+        std::sort(out.begin(), out.end());
+        out.erase(std::unique(out.begin(), out.end()), out.end());
+        dy_next = wgrad && !P->dy_packed ? at(P->dy, n, od, oh, ch[0], 0) : nullptr;
+    }
+
+    // Queue the cache lines of npx pixels of chans channels from r.
+    void queue_row(const char* r, const Tensor& t, int64_t npx, int64_t chans) {
+        const int64_t es = itemsize(t.dtype);
+        const int64_t pst = t.stride[3] * es, cb = chans * es;
+        if (pst == cb) {
+            for (int64_t b = 0; b < npx * cb; b += 64) pf.push_back(r + b);
+        } else {
+            for (int64_t w = 0; w < npx; w++)
+                for (int64_t b = 0; b < cb; b += 64) pf.push_back(r + w * pst + b);
+        }
+    }
+
+    // Queue the lines of item it's rows that the current item does not read.
+    void plan_prefetch(int64_t it, int64_t lo, int64_t hi) {
+        for (; pf_pos < pf.size(); pf_pos++) __builtin_prefetch(pf[pf_pos], 0, 1);
+        pf.clear();
+        pf_pos = 0;
+        const int64_t nx = it + cg_pf_dist;
+        if (nx >= hi || (P->packed && !wgrad)) { item_rows(std::min(it + 1, hi - 1), rows_next); return; }
+        (void)lo;
+        item_rows(nx - 1, rows_now);
+        item_rows(nx, rows_next);
+        const int64_t nlines = P->N * P->Lout[0] * P->Lout[1];
+        const int64_t* ch = P->chunks + 4 * (nx / nlines);
+        for (const char* r : rows_next)
+            if (std::find(rows_now.begin(), rows_now.end(), r) == rows_now.end())
+                queue_row(r, P->src, ch[3] - ch[2], P->Cin);
+        if (dy_next) queue_row(dy_next, P->dy, ch[1] - ch[0], P->lanes);
+        pf_per_tile = (pf.size() + tiles_last - 1) / std::max<int64_t>(1, tiles_last);
+    }
+
+    // Channels-last results are stored a tile at a time, as soon as they are summed
+    // (the stores then interleave with the tiles, instead of a burst per line): pixels
+    // u, u + step, ... (r of them, relative to the line piece's first pixel).
+    void put_pixels(char* line_dst, int64_t u, int64_t r, int64_t step) {
+        if (!tile_store || (cg_dbg & 2)) return;
+        const int64_t es = P->out_dtype == F32 ? 4 : 2, ps = P->ostride[3];
+        const bool stream = P->stream != 0;
+        if (step == 1 && ps == P->lanes && LP == P->lanes) {
+            put_floats(line_dst + es * u * ps, P->out_dtype, obuf + u * LP, r * LP, stream);
+            return;
+        }
+        for (int64_t i = 0; i < r; i++)
+            put_floats(line_dst + es * (u + i * step) * ps, P->out_dtype, obuf + (u + i * step) * LP,
+                       P->lanes, stream);
+    }
+
+    // The next slice of the queue for one tile call.
+    Prefetch prefetch_slice() {
+        tiles_now++;
+        Prefetch p;
+        if (cg_dbg & 4) return p;
+        const size_t end = std::min(pf.size(), pf_pos + pf_per_tile);
+        p.q = pf.data() + pf_pos;
+        p.n = (int64_t)(end - pf_pos);
+        p.per = (p.n + P->nlv - 1) / P->nlv;
+        pf_pos = end;
+        return p;
+    }
+
+    void run(int64_t lo, int64_t hi, float* partial) {
+        const int64_t nlines = P->N * P->Lout[0] * P->Lout[1];
+        const int64_t pdist = P->P, R = P->R;
+        const corr_tile_fn* ctab = corr_tile_table(P->perm != 0);
+        const wgrad_tile_fn* wtab = wgrad_tile_table(P->perm != 0);
+        const int64_t ostep_px = P->os[2];    // output pixels per phase-local step
+        for (int64_t it = lo; it < hi; it++) {
+            const int64_t chunk = it / nlines, l = it % nlines;
+            const int64_t* ch = P->chunks + 4 * chunk;
+            const int64_t u0 = ch[0], u1 = ch[1], i0 = ch[2], i1 = ch[3];
+            const int64_t n = l / (P->Lout[0] * P->Lout[1]);
+            const int64_t od = (l / P->Lout[1]) % P->Lout[0], oh = l % P->Lout[1];
+            const int64_t cls = (od % P->os[0]) * P->os[1] + oh % P->os[1];
+            const int64_t qd = od / P->os[0], qh = oh / P->os[1];
+            char* const line_dst = wgrad ? nullptr : (char*)P->out + (P->out_dtype == F32 ? 4 : 2) *
+                (n * P->ostride[0] + od * P->ostride[1] + oh * P->ostride[2] + u0 * P->ostride[3]);
+            if (it == lo) item_rows(it, rows_now);
+            tiles_last = std::max<int64_t>(1, tiles_now);
+            tiles_now = 0;
+            plan_prefetch(it, lo, hi);
+            // wgrad: this line's dy pixels [u0, u1)
+            const float* dyrow = nullptr;
+            int64_t dypix = 0;
+            if (wgrad && P->dy_packed) {
+                dyrow = pack_dy(n, od, oh, u0, u1);
+                dypix = LP;
+            } else if (wgrad) {
+                dyrow = (const float*)at(P->dy, n, od, oh, u0, 0);
+                dypix = P->dy.stride[3];
+            }
+            for (int64_t wp = P->classes[2 * cls]; wp < P->classes[2 * cls + 1]; wp++) {
+                const int64_t* ph = P->wph + 6 * wp;
+                const int64_t rw = ph[0], Uq = ph[1], g0 = ph[2], g1 = ph[3];
+                // the phase's pixels q with u = q * os + rw in [u0, u1)
+                const int64_t qa = std::max<int64_t>(0, ceil_div(u0 - rw, ostep_px));
+                const int64_t qb = std::min<int64_t>(Uq, ceil_div(u1 - rw, ostep_px));
+                if (qb <= qa) continue;
+                rowptr.assign(g1 - g0, nullptr);
+                for (int64_t g = g0; g < g1; g++) {
+                    const int64_t* gr = P->grp + 5 * g;
+                    const int64_t d = qd * P->is[0] + gr[0], h = qh * P->is[1] + gr[1];
+                    if (d < 0 || d >= P->Lin[0] || h < 0 || h >= P->Lin[1]) continue;
+                    rowptr[g - g0] = source_row(n, d, h, chunk, i0, i1);
+                }
+                for (int64_t sg = ph[4]; sg < ph[5]; sg++) {
+                    const int64_t* se = P->seg + 3 * sg;
+                    const int64_t a = std::max(se[0], qa), e = std::min(se[1], qb);
+                    if (e <= a) continue;
+                    const int64_t* sk = P->segk + se[2];
+                    sweeps.clear();
+                    for (int64_t g = g0; g < g1; g++) {
+                        const int64_t k0 = sk[2 * (g - g0)], k1 = sk[2 * (g - g0) + 1];
+                        if (k1 <= k0 || !rowptr[g - g0]) continue;
+                        const int64_t* gr = P->grp + 5 * g;
+                        // source w of (q = 0, tap k0), relative to the window
+                        const int64_t w0 = gr[2] + k0 * pdist * P->is[2] - i0;
+                        float* wt = wgrad ? partial : const_cast<float*>(P->W);
+                        sweeps.push_back(Sweep{rowptr[g - g0] + w0 * pix,
+                                               wt + (gr[4] + k0) * P->J * LP, k1 - k0});
+                    }
+                    if (sweeps.empty()) {
+                        if (!wgrad)
+                            for (int64_t q = a; q < e; q++) {
+                                std::memset(obuf + (q * ostep_px + rw - u0) * LP, 0,
+                                            LP * sizeof(float));
+                                put_pixels(line_dst, q * ostep_px + rw - u0, 1, 1);
+                            }
+                        continue;
+                    }
+                    // sweeps of equal tap counts run in one tile call each
+                    std::stable_sort(sweeps.begin(), sweeps.end(),
+                                     [](const Sweep& x, const Sweep& y) { return x.nk < y.nk; });
+                    runs.clear();
+                    for (size_t s = 0; s < sweeps.size(); s++)
+                        if (s == 0 || sweeps[s].nk != sweeps[s - 1].nk) runs.push_back(s);
+                    runs.push_back(sweeps.size());
+                    // one pass per residue class of q mod pdist present in [a, e): its
+                    // first pixel qs (at most e - a passes, however large pdist is -- a
+                    // huge dilation must not cost a loop of pdist empty passes)
+                    for (int64_t qs = a; qs < std::min(e, a + pdist); qs++) {
+                        // pixels q = qs + i * pdist in [a, e)
+                        const int64_t npx = (e - qs + pdist - 1) / pdist;
+                        const int64_t ntiles = (npx + R - 1) / R;
+                        int64_t q = qs;
+                        for (int64_t tile = 0; tile < ntiles; tile++) {
+                            const int r = (int)(npx / ntiles + (tile < npx % ntiles ? 1 : 0));
+                            const int64_t xoff = q * P->is[2] * pix;
+                            const Prefetch pft = prefetch_slice();
+                            for (size_t k = 0; k + 1 < runs.size() && !(cg_dbg & 1); k++) {
+                                const Sweep* sv = sweeps.data() + runs[k];
+                                const int ns = (int)(runs[k + 1] - runs[k]);
+                                const int idx = (r - 1) * GR_NKMAX + (int)sv->nk - 1;
+                                if (wgrad) {
+                                    wtab[idx](sv, ns, xoff, L,
+                                              dyrow + (q * ostep_px + rw - u0) * dypix,
+                                              pdist * dypix, false, k == 0 ? pft : Prefetch());
+                                } else {
+                                    ctab[idx](sv, ns, xoff, L,
+                                              obuf + (q * ostep_px + rw - u0) * LP,
+                                              pdist * ostep_px * LP, k > 0,
+                                              k == 0 ? pft : Prefetch());
+                                }
+                            }
+                            if (!wgrad) put_pixels(line_dst, q * ostep_px + rw - u0, r, pdist * ostep_px);
+                            q += r * pdist;
+                        }
+                    }
+                }
+            }
+            if (!wgrad && !tile_store && !(cg_dbg & 2))
+                store_pixels(line_dst, P->out_dtype, P->ostride[3], P->ostride[4], obuf, u1 - u0,
+                             P->lanes, LP, P->stream != 0);
+        }
+#if defined(CG_ISA_AVX2) || defined(CG_ISA_AVX512)
+        if (!wgrad && P->stream) _mm_sfence();
+#endif
+    }
+};
+
+}  // namespace
+
+int64_t cg_grouped_scratch(const GroupedProblem* P, int64_t wgrad) {
+    const int64_t LP = P->nlv * VL, win = window_max(P), outw = out_max(P);
+    int64_t need = 0;
+    if (P->packed) need += P->cache_lines * win * P->ps + win * P->Cin + VL;
+    if (!wgrad) need += outw * LP;
+    else if (P->dy_packed) need += outw * LP + outw * P->lanes;
+    return need + 16;
+}
+
+void cg_grouped_corr_run(const GroupedProblem* P, int64_t lo, int64_t hi, float* scratch) {
+    Runner r(P, false, scratch);
+    r.run(lo, hi, nullptr);
+}
+
+void cg_grouped_wgrad_run(const GroupedProblem* P, int64_t lo, int64_t hi, float* partial,
+                          float* scratch) {
+    Runner r(P, true, scratch);
+    r.run(lo, hi, partial);
+}

@@ -1,0 +1,216 @@
+"""The grouped kernel (kernels/grouped.py, native/grouped.cpp): depthwise layers (one
+input channel per group, any channel multiplier) and groups with few channels
+(GroupConvolutionBackpropData's 5 -> 2, ResNeXt's 4 -> 4 at 32 groups, 8 groups of
+32), all three ops, 1-D/2-D/3-D, strides, dilations, asymmetric pads, float16 and
+bfloat16, channels-first and channels-last callers, on every instruction-set build
+this CPU can run, against the naive float64 reference (tests/naive.py); exact
+padding (D17) and a deterministic weight gradient."""
+
+import numpy as np
+import pytest
+
+import convgrad
+from convgrad import kernels
+from convgrad.dtypes import bfloat16
+from convgrad.geometry import ConvGeometry
+from convgrad.kernels import grouped, native
+
+import naive
+from conftest import assert_close
+
+if native.available() is not None:
+    pytest.skip(f"native engine unavailable: {native.available()}", allow_module_level=True)
+
+ISAS = native.info()["loaded"]
+OPS = ("fwd", "wgrad", "dgrad")
+
+
+def case(r, *, groups, cg, og, size, k, s=1, d=1, pb=1, pe=1, n=2):
+    sizes = (size,) * r if isinstance(size, int) else tuple(size)
+    k, s, d = ((v,) * r if isinstance(v, int) else tuple(v) for v in (k, s, d))
+    pb, pe = ((v,) * r if isinstance(v, int) else tuple(v) for v in (pb, pe))
+    out = tuple((L + b + e - (kk - 1) * dd - 1) // ss + 1
+                for L, kk, ss, dd, b, e in zip(sizes, k, s, d, pb, pe))
+    return dict(n=n, c=cg * groups, o=og * groups, groups=groups, in_sizes=sizes, kernel=k,
+                out_sizes=out, strides=s, dilations=d, pads_begin=pb, pads_end=pe)
+
+
+CASES = {
+    # depthwise, multiplier 1
+    "dw-2d-k3": case(2, groups=24, cg=1, og=1, size=19, k=3),
+    "dw-2d-k3-s2": case(2, groups=32, cg=1, og=1, size=21, k=3, s=2),
+    "dw-2d-k5-s2-asym": case(2, groups=13, cg=1, og=1, size=(17, 22), k=5, s=2, pb=(2, 1),
+                             pe=(1, 3)),
+    "dw-1d-dilated": case(1, groups=40, cg=1, og=1, size=70, k=3, d=3, pb=4, pe=0),
+    "dw-3d-k3-s2": case(3, groups=16, cg=1, og=1, size=9, k=3, s=2, pb=1, pe=0),
+    "dw-2d-dilated-strided": case(2, groups=9, cg=1, og=1, size=25, k=3, s=3, d=2, pb=2, pe=0),
+    # depthwise, multiplier > 1
+    "dw-mult2-2d": case(2, groups=12, cg=1, og=2, size=15, k=3, s=2),
+    "dw-mult3-1d": case(1, groups=7, cg=1, og=3, size=40, k=4, s=1, pb=2, pe=1),
+    "dw-mult4-3d": case(3, groups=5, cg=1, og=4, size=6, k=2, pb=0, pe=1),
+    # small groups
+    "spec-5to2-2d": case(2, groups=4, cg=5, og=2, size=12, k=3, s=2, pb=1, pe=1, n=1),
+    "spec-5to2-3d": case(3, groups=4, cg=5, og=2, size=7, k=3, s=2, pb=1, pe=1, n=1),
+    "resnext-4to4x32": case(2, groups=32, cg=4, og=4, size=10, k=3, s=1),
+    "resnext-4to4x32-s2": case(2, groups=32, cg=4, og=4, size=11, k=3, s=2),
+    "g8-32to32": case(2, groups=8, cg=32, og=32, size=7, k=3, n=1),
+    "g3-2to5-1d": case(1, groups=3, cg=2, og=5, size=33, k=5, s=2, d=2, pb=3, pe=2),
+    "g6-3to1-dilated": case(2, groups=6, cg=3, og=1, size=14, k=2, d=3, pb=(0, 2), pe=(3, 1)),
+    # every tap in the padding for some outputs
+    "all-padding-taps": case(1, groups=8, cg=1, og=1, size=4, k=5, d=3, pb=6, pe=6),
+}
+
+
+def make_arrays(c, rng, dtype, channels_last):
+    def data(n, ch, sizes):
+        a = rng.standard_normal((n, *sizes, ch)).astype(dtype)
+        return np.moveaxis(a, -1, 1) if channels_last else np.ascontiguousarray(
+            np.moveaxis(a, -1, 1))
+    x = data(c["n"], c["c"], c["in_sizes"])
+    dy = data(c["n"], c["o"], c["out_sizes"])
+    w = rng.standard_normal((c["o"], c["c"] // c["groups"], *c["kernel"])).astype(dtype)
+    return x, w, dy
+
+
+def kwargs(c):
+    return {k: c[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+
+
+def run(c, x, w, dy, **config):
+    kw = kwargs(c)
+    with convgrad.config(algo="grouped", **config):
+        return (convgrad.conv_forward(x, w, **kw),
+                convgrad.conv_weight_grad(x, dy, w.shape, **kw),
+                convgrad.conv_data_grad(w, dy, x.shape, **kw))
+
+
+def check(c, rng, *, dtype=np.float32, channels_last=False, isa="auto", threads=None):
+    x, w, dy = make_arrays(c, rng, dtype, channels_last)
+    copies = [a.copy() for a in (x, w, dy)]
+    args = dict(strides=c["strides"], dilations=c["dilations"], pads_begin=c["pads_begin"],
+                groups=c["groups"])
+    x64, w64, dy64 = (np.asarray(a, np.float64) for a in (x, w, dy))
+    want = (naive.forward(x64, w64, c["out_sizes"], **args),
+            naive.wgrad(x64, dy64, c["kernel"], **args),
+            naive.dgrad(w64, dy64, c["in_sizes"], **args))
+    got = run(c, x, w, dy, isa=isa, threads=threads)
+    for g, e in zip(got, want):
+        assert g.dtype == np.dtype(dtype)
+        assert_close(g, e, dtype)
+    for a, b in zip((x, w, dy), copies):      # the caller's arrays are not touched
+        np.testing.assert_array_equal(a, b)
+    return got
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("layout", ["ncx", "nxc"])
+def test_every_case_matches_the_reference(isa, name, layout, rng):
+    check(CASES[name], rng, isa=isa, channels_last=layout == "nxc")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("name", ["dw-2d-k3-s2", "dw-mult2-2d", "spec-5to2-2d",
+                                  "resnext-4to4x32", "g3-2to5-1d"])
+def test_half_inputs(isa, dtype, name, rng):
+    check(CASES[name], rng, dtype=dtype, isa=isa, channels_last=name.startswith("dw"))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", ["dw-2d-k3", "spec-5to2-2d", "resnext-4to4x32-s2"])
+def test_small_scratch_cuts_lines(isa, name, rng, monkeypatch):
+    """A tiny scratch budget cuts every line into pieces with their own windows."""
+    grouped.plan.cache_clear()
+    monkeypatch.setattr(grouped, "SCRATCH_BYTES", 1)
+    monkeypatch.setattr(grouped, "SERIAL_BYTES", 0)
+    try:
+        check(CASES[name], rng, isa=isa, channels_last=True, threads=2)
+    finally:
+        grouped.plan.cache_clear()
+
+
+@pytest.mark.parametrize("name", ["dw-2d-k3-s2", "spec-5to2-3d", "resnext-4to4x32"])
+def test_weight_gradient_is_deterministic(name, rng, monkeypatch):
+    """Bitwise the same over repeated calls and thread counts: partials over a fixed
+    cut of the positions, summed in order."""
+    monkeypatch.setattr(grouped, "SERIAL_BYTES", 0)
+    c = CASES[name]
+    x, w, dy = make_arrays(c, rng, np.float32, True)
+    kw = kwargs(c)
+    runs = []
+    for threads in (1, 2, 3, 2, 1):
+        with convgrad.config(algo="grouped", threads=threads):
+            runs.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
+    for other in runs[1:]:
+        np.testing.assert_array_equal(runs[0], other)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_padding_is_never_an_operand(isa):
+    # depthwise, 3 channels: the NaN tap reads x[p - 1]
+    x = np.ones((1, 3, 3), np.float32)
+    w = np.tile(np.array([np.nan, 1.0, 1.0], np.float32), (3, 1, 1))
+    with convgrad.config(algo="grouped", isa=isa):
+        y = convgrad.conv_forward(x, w, pads_begin=[1], pads_end=[1], groups=3)
+        dx = convgrad.conv_data_grad(w, np.ones((1, 3, 3), np.float32), x.shape,
+                                     pads_begin=[1], pads_end=[1], groups=3)
+        dy = np.tile(np.array([np.nan, 1.0, 1.0], np.float32), (1, 3, 1))
+        dw = convgrad.conv_weight_grad(x, dy, w.shape, pads_begin=[1], pads_end=[1], groups=3)
+    for ch in range(3):
+        np.testing.assert_array_equal(np.isnan(y[0, ch]), [False, True, True])
+        np.testing.assert_array_equal(np.isnan(dx[0, ch]), [True, True, False])
+        np.testing.assert_array_equal(np.isnan(dw[ch, 0]), [False, True, True])
+
+
+def test_wide_groups_are_left_to_the_native_kernel():
+    geom = ConvGeometry(**case(2, groups=1, cg=128, og=128, size=8, k=3))
+    for op in OPS:
+        assert grouped.supports_op(op)(geom, np.float32) is not None
+    geom = ConvGeometry(**case(2, groups=32, cg=4, og=4, size=8, k=3))
+    for op in OPS:
+        assert grouped.supports_op(op)(geom, np.float32) is None
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_empty_batch(op):
+    """N = 0: empty results, a zero weight gradient; the memory estimate plans it too."""
+    c = case(2, groups=4, cg=1, og=2, size=6, k=3, n=0)
+    geom = ConvGeometry(**c)
+    call = kernels.Call.assumed(op, geom, np.float32)
+    kernel = kernels.select(op, geom, np.float32, "grouped")
+    assert sum(kernels.estimate(kernel, call).values()) >= 0
+    x, w, dy = make_arrays(c, np.random.default_rng(0), np.float32, True)
+    got = run(c, x, w, dy)[OPS.index(op)]
+    if op == "wgrad":
+        np.testing.assert_array_equal(got, np.zeros(w.shape, np.float32))
+    else:
+        assert got.size == 0
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_auto_sends_few_channel_groups_to_the_grouped_kernel(op):
+    """The chooser (kernels/chooser.py, measured): depthwise (multiplier <= 8),
+    ResNeXt's 4 -> 4 and the spec op's 2 -> 5 go to the grouped kernel; 16 channels
+    per group and more are GEMM-shaped (the native engine)."""
+    for name in ("dw-2d-k3", "dw-mult4-3d", "resnext-4to4x32", "spec-5to2-3d"):
+        geom = ConvGeometry(**CASES[name])
+        assert kernels.select(op, geom, np.float32).name == "grouped", name
+    wide = ConvGeometry(**case(2, groups=4, cg=16, og=16, size=9, k=3))
+    assert kernels.select(op, wide, np.float32).name == "native"
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_huge_dilation_costs_no_empty_passes(isa, rng):
+    """A dilation of 10^6 (taps 10^6 pixels apart; padding makes the problem valid):
+    one pass per residue class present, not 10^6 empty ones (this hung once)."""
+    c = case(1, groups=4, cg=1, og=2, size=5, k=2, d=10**6, pb=500_000, pe=499_999, n=1)
+    check(c, rng, isa=isa, channels_last=True)
+
+
+def test_data_gradients_with_too_many_stride_phases_are_declined():
+    geom = ConvGeometry(**case(2, groups=4, cg=1, og=1, size=3, k=1, s=(100, 100), pb=0,
+                               pe=0))
+    assert "stride phases" in grouped.supports_op("dgrad")(geom, np.float32)
+    assert grouped.supports_op("fwd")(geom, np.float32) is None
+    assert kernels.select("dgrad", geom, np.float32).name != "grouped"
