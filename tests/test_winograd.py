@@ -425,3 +425,17 @@ def test_one_dimensional_channels_first_calls_stay_direct(rng):
             nxc_call = ops.describe(kind, na, nb, geom, np.float32)
             assert kernels.select(kind, geom, np.float32, call=ncx_call).name == ncx_choice
             assert kernels.select(kind, geom, np.float32, call=nxc_call).name == "winograd"
+
+
+def test_weight_gradients_with_few_tiles_stay_direct():
+    """ResNet-50 res5's weight gradient sums over 8 x 2 x 2 tiles only (measured 1.2-1.5x
+    slower than the direct engine): not preferred; res4 (128 tiles) and res5's data
+    gradient are."""
+    res5 = make_geometry("t", **geometry(2, n=8, c=512, o=512, size=7))
+    res4 = make_geometry("t", **geometry(2, n=8, c=256, o=256, size=14))
+    assert winograd.wgrad_tiles(res5) == 32 and winograd.wgrad_tiles(res4) == 128
+    assert not winograd.preferred(res5, "wgrad")
+    assert winograd.preferred(res5, "dgrad") and winograd.preferred(res4, "wgrad")
+    assert kernels.select("wgrad", res5, np.float32).name == "native"
+    u3 = make_geometry("t", **geometry(3, n=1, c=32, o=32, size=16))
+    assert winograd.wgrad_tiles(u3) == 16 * 4 * 4

@@ -240,7 +240,25 @@ def preferred(geom: ConvGeometry, op: str) -> bool:
         return False
     if error_estimate(geom, op) > ERROR_BOUND:
         return False
+    if op == "wgrad" and wgrad_tiles(geom) < WGRAD_MIN_TILES:
+        return False
     return speedup_estimate(geom, op) >= SPEEDUP_MARGIN
+
+
+# A weight gradient sums its products over the tiles: with few tiles its GEMMs are too
+# short to pay for the transforms.  Measured, 2 threads, Winograd / direct engine time:
+# ResNet-50 res5 (8 x 2 x 2 = 32 tiles of 4x4) 1.53 NXC / 1.24 NCX (slower); res4 (128
+# tiles) 0.99 / 0.74; DeepLab d6 (324) 0.69 / 0.68.
+WGRAD_MIN_TILES = 64
+
+
+def wgrad_tiles(geom: ConvGeometry) -> int:
+    """The tiles a weight gradient sums over: samples x output positions per tile
+    (m x m on the last two axes, one per position on a 3-D problem's depth)."""
+    m = tile_size(geom, "wgrad")
+    wa = min(geom.spatial_rank, 2)
+    outer = math.prod(geom.out_sizes[:-wa]) if geom.spatial_rank > wa else 1
+    return geom.n * outer * math.prod(-(-s // m) for s in geom.out_sizes[-wa:])
 
 
 def suits_call(call) -> bool:
