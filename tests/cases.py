@@ -45,3 +45,21 @@ def arrays(case: dict, rng, dtype=np.float64):
 
 def attrs(case: dict) -> dict:
     return {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+
+
+def caller_arrays(case: dict, rng, dtype=np.float32, channels_last: bool = False,
+                  xio_weights: bool = False):
+    """x, w, dy in NCX/OIX shapes as a caller holds them: channels-last callers'
+    data are NCX views of channels-last memory; ``xio_weights``: the weights an
+    OIX view of XIO memory (as oneDNN / TensorFlow callers hold them)."""
+    def data(n, c, sizes):
+        a = rng.standard_normal((n, *sizes, c)).astype(dtype)
+        return np.moveaxis(a, -1, 1) if channels_last else np.ascontiguousarray(
+            np.moveaxis(a, -1, 1))
+    x = data(case["n"], case["c"], case["in_sizes"])
+    dy = data(case["n"], case["o"], case["out_sizes"])
+    w = rng.standard_normal((case["o"], case["c"] // case["groups"], *case["kernel"]))
+    if xio_weights:
+        w = np.moveaxis(np.moveaxis(np.ascontiguousarray(
+            np.moveaxis(np.moveaxis(w, 0, -1), 0, -2)), -2, 0), -1, 0)
+    return x, w.astype(dtype), dy

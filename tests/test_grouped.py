@@ -16,6 +16,7 @@ from convgrad.geometry import ConvGeometry
 from convgrad.kernels import grouped, native
 
 import naive
+from cases import caller_arrays
 from conftest import assert_close
 
 if native.available() is not None:
@@ -62,14 +63,7 @@ CASES = {
 
 
 def make_arrays(c, rng, dtype, channels_last):
-    def data(n, ch, sizes):
-        a = rng.standard_normal((n, *sizes, ch)).astype(dtype)
-        return np.moveaxis(a, -1, 1) if channels_last else np.ascontiguousarray(
-            np.moveaxis(a, -1, 1))
-    x = data(c["n"], c["c"], c["in_sizes"])
-    dy = data(c["n"], c["o"], c["out_sizes"])
-    w = rng.standard_normal((c["o"], c["c"] // c["groups"], *c["kernel"])).astype(dtype)
-    return x, w, dy
+    return caller_arrays(c, rng, dtype, channels_last)
 
 
 def kwargs(c):

@@ -19,6 +19,7 @@ from convgrad.dtypes import bfloat16
 from convgrad.kernels import native
 
 import naive
+from cases import caller_arrays
 from conftest import assert_close
 
 if native.available() is not None:
@@ -56,14 +57,7 @@ def random_case(seed: int, *, wide: bool = False) -> dict:
 def make_arrays(case, rng, dtype, channels_last):
     """x, w, dy in NCX/OIX shapes; channels-last callers' arrays are NCX views of
     channels-last memory."""
-    def data(n, c, sizes):
-        a = rng.standard_normal((n, *sizes, c)).astype(dtype)
-        return np.moveaxis(a, -1, 1) if channels_last else np.ascontiguousarray(
-            np.moveaxis(a, -1, 1))
-    x = data(case["n"], case["c"], case["in_sizes"])
-    dy = data(case["n"], case["o"], case["out_sizes"])
-    w = rng.standard_normal((case["o"], case["c"] // case["groups"], *case["kernel"]))
-    return x, w.astype(dtype), dy
+    return caller_arrays(case, rng, dtype, channels_last)
 
 
 def check(case, rng, *, dtype=np.float32, channels_last=False, isa="auto", threads=None):

@@ -20,6 +20,7 @@ from convgrad.geometry import make_geometry
 from convgrad.kernels import native, winograd
 
 import naive
+from cases import caller_arrays
 from conftest import assert_close
 
 if native.available() is not None:
@@ -65,17 +66,8 @@ def random_case(seed: int) -> dict:
 
 
 def make_arrays(case, rng, dtype=np.float32, channels_last=False):
-    def data(n, c, sizes):
-        a = rng.standard_normal((n, *sizes, c)).astype(dtype)
-        return np.moveaxis(a, -1, 1) if channels_last else np.ascontiguousarray(
-            np.moveaxis(a, -1, 1))
-    x = data(case["n"], case["c"], case["in_sizes"])
-    dy = data(case["n"], case["o"], case["out_sizes"])
-    w = rng.standard_normal((case["o"], case["c"] // case["groups"], *case["kernel"]))
-    if channels_last:       # XIO weights, as oneDNN / TensorFlow callers hold them
-        w = np.moveaxis(np.moveaxis(np.ascontiguousarray(
-            np.moveaxis(np.moveaxis(w, 0, -1), 0, -2)), -2, 0), -1, 0)
-    return x, w.astype(dtype), dy
+    """Channels-last callers hold XIO weights, as oneDNN / TensorFlow callers do."""
+    return caller_arrays(case, rng, dtype, channels_last, xio_weights=channels_last)
 
 
 def attrs(case):
