@@ -63,3 +63,14 @@ def caller_arrays(case: dict, rng, dtype=np.float32, channels_last: bool = False
         w = np.moveaxis(np.moveaxis(np.ascontiguousarray(
             np.moveaxis(np.moveaxis(w, 0, -1), 0, -2)), -2, 0), -1, 0)
     return x, w.astype(dtype), dy
+
+
+def reference_results(case: dict, x, w, dy) -> tuple:
+    """The float64 forward, weight and data gradients of ``case`` (naive loops)."""
+    import naive
+    args = dict(strides=case["strides"], dilations=case["dilations"],
+                pads_begin=case["pads_begin"], groups=case["groups"])
+    x64, w64, dy64 = (np.asarray(a, np.float64) for a in (x, w, dy))
+    return (naive.forward(x64, w64, case["out_sizes"], **args),
+            naive.wgrad(x64, dy64, case["kernel"], **args),
+            naive.dgrad(w64, dy64, case["in_sizes"], **args))

@@ -19,7 +19,7 @@ from convgrad.dtypes import bfloat16
 from convgrad.kernels import native
 
 import naive
-from cases import caller_arrays
+from cases import caller_arrays, reference_results
 from conftest import assert_close
 
 if native.available() is not None:
@@ -63,12 +63,7 @@ def make_arrays(case, rng, dtype, channels_last):
 def check(case, rng, *, dtype=np.float32, channels_last=False, isa="auto", threads=None):
     x, w, dy = make_arrays(case, rng, dtype, channels_last)
     kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
-    args = dict(strides=case["strides"], dilations=case["dilations"],
-                pads_begin=case["pads_begin"], groups=case["groups"])
-    x64, w64, dy64 = (np.asarray(a, np.float64) for a in (x, w, dy))
-    want = (naive.forward(x64, w64, case["out_sizes"], **args),
-            naive.wgrad(x64, dy64, case["kernel"], **args),
-            naive.dgrad(w64, dy64, case["in_sizes"], **args))
+    want = reference_results(case, x, w, dy)
     with convgrad.config(algo="native", isa=isa, threads=threads):
         got = (convgrad.conv_forward(x, w, **kw),
                convgrad.conv_weight_grad(x, dy, w.shape, **kw),

@@ -20,7 +20,7 @@ from convgrad.geometry import make_geometry
 from convgrad.kernels import native, winograd
 
 import naive
-from cases import caller_arrays
+from cases import caller_arrays, reference_results
 from conftest import assert_close
 
 if native.available() is not None:
@@ -82,12 +82,7 @@ def three(case, x, w, dy):
 
 def check(case, rng, *, dtype=np.float32, channels_last=False, isa="auto", threads=None):
     x, w, dy = make_arrays(case, rng, dtype, channels_last)
-    args = dict(strides=case["strides"], dilations=case["dilations"],
-                pads_begin=case["pads_begin"], groups=case["groups"])
-    x64, w64, dy64 = (np.asarray(a, np.float64) for a in (x, w, dy))
-    want = (naive.forward(x64, w64, case["out_sizes"], **args),
-            naive.wgrad(x64, dy64, case["kernel"], **args),
-            naive.dgrad(w64, dy64, case["in_sizes"], **args))
+    want = reference_results(case, x, w, dy)
     with convgrad.config(algo="winograd", isa=isa, threads=threads):
         got = three(case, x, w, dy)
     for g, e in zip(got, want):
