@@ -16,13 +16,15 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard src/convgrad/kernels/nati
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 
+# Extras are installed by tools/install_extras.py: `pip install -e '.[extra]'` would
+# rebuild the package (and compile the engine again) for every extra.
 $(VENV)/.peers: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e '.[test,peers,cli,bench,dask]'
+	$(BIN)/python tools/install_extras.py peers cli bench dask
 	touch $@
 
 # The demo's extras (matplotlib for the loss curve, scikit-learn's bundled digits).
 $(VENV)/.cli: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e '.[cli]'
+	$(BIN)/python tools/install_extras.py cli
 	touch $@
 
 install: $(VENV)/.installed
@@ -34,7 +36,7 @@ demo: $(VENV)/.cli
 
 # The API reference built from the docstrings (Sphinx + numpydoc), warnings as errors.
 $(VENV)/.docs: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e '.[docs]'
+	$(BIN)/python tools/install_extras.py docs
 	touch $@
 
 docs: $(VENV)/.docs

@@ -155,6 +155,7 @@ def _tiles(size: int, dil: int, m: int) -> np.ndarray:
     return np.asarray(out, np.int64).reshape(-1, 2)
 
 
+@functools.lru_cache(maxsize=1024)
 def products(geom: ConvGeometry, m: int, out_sizes=None) -> int:
     """Multiplications per (input, output) channel pair over the output: tiles times
     transform points (the direct kernels: outputs times taps)."""
@@ -166,6 +167,7 @@ def products(geom: ConvGeometry, m: int, out_sizes=None) -> int:
     return geom.n * lead * math.prod(per_axis) * (m + 2) ** ax
 
 
+@functools.lru_cache(maxsize=1024)
 def tile_size(geom: ConvGeometry, op: str) -> int:
     """F(4, 3) when it multiplies less than F(2, 3); its tiles waste the saving on small
     images (and dilated layers' sub-grids), where F(2, 3) multiplies as little or less
@@ -236,7 +238,13 @@ def preferred(geom: ConvGeometry, op: str) -> bool:
     """Whether ``algo="auto"`` should try Winograd first: a problem it runs, faster by
     :data:`SPEEDUP_MARGIN` (:func:`speedup_estimate`), with an estimated error within
     :data:`ERROR_BOUND`, unless ``config(precision="highest")``."""
-    if settings.precision() == "highest" or axes(geom) is None or geom.flops == 0:
+    return settings.precision() != "highest" and _preferred(geom, op)
+
+
+@functools.lru_cache(maxsize=1024)
+def _preferred(geom: ConvGeometry, op: str) -> bool:
+    """:func:`preferred` at the default precision (pure: cached per problem)."""
+    if axes(geom) is None or geom.flops == 0:
         return False
     if error_estimate(geom, op) > ERROR_BOUND:
         return False
@@ -487,11 +495,20 @@ def workspace(geom: ConvGeometry, op: str, packed_in: bool = True,
     proportional to a whole data tensor: shared parts are bounded by the workspace
     budget (``settings.workspace_bytes() / 4``), per-thread parts by constants."""
     eng = native.engine()
+    return dict(_workspace(geom, op, packed_in, buffered_out, eng.isa,
+                           native._threads(geom.flops), _budgets(), _wgrad_budgets()))
+
+
+@functools.lru_cache(maxsize=256)
+def _workspace(geom: ConvGeometry, op: str, packed_in: bool, buffered_out: bool, isa: str,
+               threads: int, budgets: tuple, wgrad_budgets: tuple) -> tuple:
+    """:func:`workspace` of a build, thread count and budgets, as (part, bytes) pairs
+    (planned once per problem: the chooser asks on every call)."""
+    eng = native.engine()
     lib = _lib(eng)
-    threads = native._threads(geom.flops)
     m = tile_size(geom, op)
     if op == "wgrad":
-        plan = wgrad_plan(geom, eng.vl, m, _wgrad_budgets())
+        plan = wgrad_plan(geom, eng.vl, m, wgrad_budgets)
         prob = _WinoWgrad(_dummy_source(geom.in_sizes, geom.c, packed_in),
                           _dummy_source(geom.out_sizes, geom.o, packed_in), geom.groups,
                           _tile_geom(plan), plan.cpad, plan.nv, plan.items.ctypes.data)
@@ -501,8 +518,8 @@ def workspace(geom: ConvGeometry, op: str, packed_in: bool = True,
                                                             plan.box_floats))}
         if plan.parts:
             parts["partial sums"] = 4 * plan.parts * plan.box_floats
-        return parts
-    plan = corr_plan(geom, op, eng.vl, _mr_of(eng), m, _budgets())
+        return tuple(parts.items())
+    plan = corr_plan(geom, op, eng.vl, _mr_of(eng), m, budgets)
     lout_n = geom.n * math.prod(plan.lout[:2])
     out = _dummy_source(plan.lout, plan.cout, False)
     prob = _Wino(_dummy_source(plan.lin, plan.cin, packed_in), None, out.t.stride,
@@ -521,7 +538,7 @@ def workspace(geom: ConvGeometry, op: str, packed_in: bool = True,
             per = max(per, int(lib.cg_wino_input_scratch(pp, s0, s1)))
         parts["transformed input"] = 4 * max(plan.v_floats)
     parts["per-thread scratch"] = threads * 4 * per
-    return parts
+    return tuple(parts.items())
 
 
 def memory(call) -> dict[str, int]:
