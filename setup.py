@@ -11,11 +11,9 @@ package is declared in pyproject.toml.
 """
 
 import glob
-import os
 import platform
 
 from setuptools import Extension, setup
-from setuptools.command.build_ext import build_ext
 
 # every kernel source of the engine (each its own translation unit, sharing the
 # headers), compiled into each build
@@ -35,19 +33,7 @@ if X86:
 
 DEFINES = {"generic": [], "avx2": [("CG_ISA_AVX2", "1")], "avx512": [("CG_ISA_AVX512", "1")]}
 
-
-class ParallelBuildExt(build_ext):
-    """Compile the ISA builds side by side, one per core (three builds of every
-    source: several minutes on one core)."""
-
-    def finalize_options(self):
-        super().finalize_options()
-        if not self.parallel:
-            self.parallel = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-                else os.cpu_count() or 1
-
-
-setup(cmdclass={"build_ext": ParallelBuildExt}, ext_modules=[
+setup(ext_modules=[
     Extension(f"convgrad.kernels._engine_{isa}", SOURCES, depends=DEPENDS,
               define_macros=DEFINES[isa], extra_compile_args=COMMON + flags, language="c++",
               optional=True)
