@@ -430,6 +430,36 @@ int64_t lines_floats(const Source& S, const TileGeom& T, int64_t rows, int64_t c
     return (int64_t)keys.size() * (w1 - w0) * S.C;
 }
 
+// The second axis of a transform and its store: tmp holds R rows of A values (the first
+// axis done, row by row); a 2-D transform takes the columns through tr (R values -> A),
+// a 1-D one has its A values already.  Point a = k*A + j (k along w, j along h) goes to
+// o + a*astride.
+template <int R, int A, int AX, class Tr>
+inline __attribute__((always_inline)) void columns_store(const vf (*tmp)[A], float* o,
+                                                         int64_t astride, Tr tr) {
+    if (AX == 2) {
+        // along h, column by column
+#pragma GCC unroll 8
+        for (int k = 0; k < A; k++) {
+            vf col[R], r[A];
+#pragma GCC unroll 8
+            for (int j = 0; j < R; j++) col[j] = tmp[j][k];
+            tr(col, r);
+#pragma GCC unroll 8
+            for (int j = 0; j < A; j++) {
+                store(o, r[j]);
+                o += astride;
+            }
+        }
+    } else {
+#pragma GCC unroll 8
+        for (int k = 0; k < A; k++) {
+            store(o, tmp[0][k]);
+            o += astride;
+        }
+    }
+}
+
 // One channel vector of an input tile: row j of the tile at rows[j] (null: a row of
 // padding), its columns xw floats apart, the columns outside [wlo, whi) zeros and only
 // nc lanes loaded (nc < VL: the lanes past a group's channels are zeros).  Point
@@ -455,27 +485,7 @@ inline void input_vector(const float* const* rows, int64_t ch, int64_t xw, int w
         }
         F3<M>::in(d, 1, &tmp[j][0], 1);
     }
-    if (AX == 2) {
-        // along h, column by column
-#pragma GCC unroll 8
-        for (int k = 0; k < A; k++) {
-            vf col[A], r[A];
-#pragma GCC unroll 8
-            for (int j = 0; j < A; j++) col[j] = tmp[j][k];
-            F3<M>::in(col, 1, r, 1);
-#pragma GCC unroll 8
-            for (int j = 0; j < A; j++) {
-                store(o, r[j]);
-                o += astride;
-            }
-        }
-    } else {
-#pragma GCC unroll 8
-        for (int k = 0; k < A; k++) {
-            store(o, tmp[0][k]);
-            o += astride;
-        }
-    }
+    columns_store<A, A, AX>(tmp, o, astride, [](const vf* c, vf* r) { F3<M>::in(c, 1, r, 1); });
 }
 
 // Input transform of one tile (n, input plane pd, tile row th, tile column tw) of S,
@@ -993,26 +1003,7 @@ inline void dy_vector(const float* const* rows, int64_t ch, int64_t xw, int nw, 
                    : nc == VL ? load(r + k * xw) : load_n(r + k * xw, nc);
         F3<M>::dy(d, 1, &tmp[i][0], 1);
     }
-    if (AX == 2) {
-#pragma GCC unroll 8
-        for (int k = 0; k < A; k++) {
-            vf col[M], r[A];
-#pragma GCC unroll 4
-            for (int i = 0; i < M; i++) col[i] = tmp[i][k];
-            F3<M>::dy(col, 1, r, 1);
-#pragma GCC unroll 8
-            for (int j = 0; j < A; j++) {
-                store(o, r[j]);
-                o += astride;
-            }
-        }
-    } else {
-#pragma GCC unroll 8
-        for (int k = 0; k < A; k++) {
-            store(o, tmp[0][k]);
-            o += astride;
-        }
-    }
+    columns_store<M, A, AX>(tmp, o, astride, [](const vf* c, vf* r) { F3<M>::dy(c, 1, r, 1); });
 }
 
 struct WgradItem {
