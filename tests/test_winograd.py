@@ -258,17 +258,22 @@ def test_suite_rows_stay_within_the_error_bound(name, case, rng):
         want = three(case, x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
     geom = make_geometry("t", **case)
     for m in (4, 2):
-        original = winograd.tile_size
-        winograd.tile_size = lambda g, op, m=m: m
-        try:
-            with convgrad.config(algo="winograd"):
-                got = three(case, x, w, dy)
-            for op, g, e in zip(("fwd", "wgrad", "dgrad"), got, want):
-                err = _rel_l2(g, e)
-                assert err <= winograd.error_estimate(geom, op, m) <= winograd.ERROR_BOUND, (
-                    name, op, m, err)
-        finally:
-            winograd.tile_size = original
+        for op, g, e in zip(("fwd", "wgrad", "dgrad"), _winograd_with_tiles(m, case, x, w, dy),
+                            want):
+            err = _rel_l2(g, e)
+            assert err <= winograd.error_estimate(geom, op, m) <= winograd.ERROR_BOUND, (
+                name, op, m, err)
+
+
+def _winograd_with_tiles(m, case, x, w, dy):
+    """The three ops on Winograd with tiles of m whatever tile_size would choose."""
+    original = winograd.tile_size
+    winograd.tile_size = lambda g, op: m
+    try:
+        with convgrad.config(algo="winograd"):
+            return three(case, x, w, dy)
+    finally:
+        winograd.tile_size = original
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -285,13 +290,7 @@ def test_the_error_model_bounds_measured_errors(seed):
         want = three(case, x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
     geom = make_geometry("t", **case)
     for m in (4, 2):
-        original = winograd.tile_size
-        winograd.tile_size = lambda g, op, m=m: m
-        try:
-            with convgrad.config(algo="winograd"):
-                got = three(case, x, w, dy)
-        finally:
-            winograd.tile_size = original
+        got = _winograd_with_tiles(m, case, x, w, dy)
         for op, g, e in zip(("fwd", "wgrad", "dgrad"), got, want):
             assert _rel_l2(g, e) <= winograd.error_estimate(geom, op, m), (case, op, m)
 

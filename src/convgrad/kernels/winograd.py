@@ -217,11 +217,11 @@ TRANSFORM_COST = {"in": 16.0, "out": 32.0}
 SPEEDUP_MARGIN = 1.15
 
 
-def speedup_estimate(geom: ConvGeometry, op: str) -> float:
+def speedup_estimate(geom: ConvGeometry, op: str, m: int | None = None) -> float:
     """Estimated (direct time / Winograd time) of a problem Winograd supports: products
     per channel pair (outputs x taps, against tiles x transform points) times the
     channels they meet, plus the transforms' cost per channel."""
-    m = tile_size(geom, op)
+    m = m or tile_size(geom, op)
     G = geom.groups
     cg, og = geom.c // G, geom.o // G
     a, b = (cg, og) if op != "dgrad" else (og, cg)        # the correlation's in, out
@@ -238,19 +238,20 @@ def preferred(geom: ConvGeometry, op: str) -> bool:
     """Whether ``algo="auto"`` should try Winograd first: a problem it runs, faster by
     :data:`SPEEDUP_MARGIN` (:func:`speedup_estimate`), with an estimated error within
     :data:`ERROR_BOUND`, unless ``config(precision="highest")``."""
-    return settings.precision() != "highest" and _preferred(geom, op)
+    if settings.precision() == "highest" or axes(geom) is None or geom.flops == 0:
+        return False
+    return _preferred(geom, op, tile_size(geom, op))
 
 
 @functools.lru_cache(maxsize=1024)
-def _preferred(geom: ConvGeometry, op: str) -> bool:
-    """:func:`preferred` at the default precision (pure: cached per problem)."""
-    if axes(geom) is None or geom.flops == 0:
+def _preferred(geom: ConvGeometry, op: str, m: int) -> bool:
+    """:func:`preferred` at the default precision with tiles of m (pure: cached per
+    problem)."""
+    if error_estimate(geom, op, m) > ERROR_BOUND:
         return False
-    if error_estimate(geom, op) > ERROR_BOUND:
+    if op == "wgrad" and wgrad_tiles(geom, m) < WGRAD_MIN_TILES:
         return False
-    if op == "wgrad" and wgrad_tiles(geom) < WGRAD_MIN_TILES:
-        return False
-    return speedup_estimate(geom, op) >= SPEEDUP_MARGIN
+    return speedup_estimate(geom, op, m) >= SPEEDUP_MARGIN
 
 
 # A weight gradient sums its products over the tiles: with few tiles its GEMMs are too
@@ -260,10 +261,10 @@ def _preferred(geom: ConvGeometry, op: str) -> bool:
 WGRAD_MIN_TILES = 64
 
 
-def wgrad_tiles(geom: ConvGeometry) -> int:
+def wgrad_tiles(geom: ConvGeometry, m: int | None = None) -> int:
     """The tiles a weight gradient sums over: samples x output positions per tile
     (m x m on the last two axes, one per position on a 3-D problem's depth)."""
-    m = tile_size(geom, "wgrad")
+    m = m or tile_size(geom, "wgrad")
     wa = min(geom.spatial_rank, 2)
     outer = math.prod(geom.out_sizes[:-wa]) if geom.spatial_rank > wa else 1
     return geom.n * outer * math.prod(-(-s // m) for s in geom.out_sizes[-wa:])
@@ -495,18 +496,17 @@ def workspace(geom: ConvGeometry, op: str, packed_in: bool = True,
     proportional to a whole data tensor: shared parts are bounded by the workspace
     budget (``settings.workspace_bytes() / 4``), per-thread parts by constants."""
     eng = native.engine()
-    return dict(_workspace(geom, op, packed_in, buffered_out, eng.isa,
+    return dict(_workspace(geom, op, packed_in, buffered_out, tile_size(geom, op), eng.isa,
                            native._threads(geom.flops), _budgets(), _wgrad_budgets()))
 
 
 @functools.lru_cache(maxsize=256)
-def _workspace(geom: ConvGeometry, op: str, packed_in: bool, buffered_out: bool, isa: str,
-               threads: int, budgets: tuple, wgrad_budgets: tuple) -> tuple:
-    """:func:`workspace` of a build, thread count and budgets, as (part, bytes) pairs
-    (planned once per problem: the chooser asks on every call)."""
+def _workspace(geom: ConvGeometry, op: str, packed_in: bool, buffered_out: bool, m: int,
+               isa: str, threads: int, budgets: tuple, wgrad_budgets: tuple) -> tuple:
+    """:func:`workspace` with tiles of m, of a build, thread count and budgets, as (part,
+    bytes) pairs (planned once per problem: the chooser asks on every call)."""
     eng = native.engine()
     lib = _lib(eng)
-    m = tile_size(geom, op)
     if op == "wgrad":
         plan = wgrad_plan(geom, eng.vl, m, wgrad_budgets)
         prob = _WinoWgrad(_dummy_source(geom.in_sizes, geom.c, packed_in),
