@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 _POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
 _LOCK = threading.Lock()
@@ -44,13 +44,40 @@ def split(ntasks: int, nblocks: int) -> list[tuple[int, int]]:
 
 
 def run_ranges(fn, ntasks: int, threads: int, per_thread: int = 4) -> None:
-    """``fn(lo, hi)`` over ``[0, ntasks)`` in ``per_thread * threads`` blocks."""
+    """``fn(lo, hi)`` over ``[0, ntasks)`` in ``per_thread * threads`` blocks, taken in
+    order by whichever thread is free: the calling thread and ``threads - 1`` pool
+    threads (the caller starts at once; a pool thread may take a while to wake).  The
+    blocks write disjoint results, so who runs which does not change them.  The first
+    exception stops the taking of blocks and is raised once every thread has stopped."""
     if threads <= 1 or ntasks <= 1:
         if ntasks > 0:
             fn(0, ntasks)
         return
-    run_tasks([lambda lo=lo, hi=hi: fn(lo, hi) for lo, hi in split(ntasks, per_thread * threads)],
-              threads)
+    blocks = split(ntasks, per_thread * threads)
+    lock = threading.Lock()
+    state = {"next": 0, "failed": False}
+
+    def work():
+        while True:
+            with lock:
+                i = state["next"]
+                if state["failed"] or i >= len(blocks):
+                    return
+                state["next"] = i + 1
+            try:
+                fn(*blocks[i])
+            except BaseException:
+                state["failed"] = True
+                raise
+
+    n = min(threads, len(blocks))
+    futures = [pool(threads).submit(work) for _ in range(n - 1)]
+    try:
+        work()
+    finally:
+        wait(futures)
+    for f in futures:
+        f.result()
 
 
 def run_shared(fn, ntasks: int, threads: int) -> None:
