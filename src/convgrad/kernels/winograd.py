@@ -275,14 +275,17 @@ def wgrad_tiles(geom: ConvGeometry, m: int | None = None) -> int:
 
 
 def suits_call(call) -> bool:
-    """Whether the caller's layouts suit Winograd: not a 1-D call on channels-first
-    data (each block of tiles converts its short NCX line segments: measured on the
-    TCN row, NCX caller, 2 threads, Winograd 119 / 114 ms against the direct engine's
-    82 / 66 ms for the weight / data gradient; 2-D and 3-D NCX calls gain from it)."""
-    if call is None or call.geom.spatial_rank != 1:
+    """Whether the caller's layouts suit Winograd: not a 1-D forward or data gradient
+    on channels-first data (the tiles' outputs are stored to NCX memory one value at
+    a time, at the channel stride: measured on the TCN row, NCX caller, 1 thread,
+    Winograd 108-113 ms against the direct engine's 110-130 ms for the data gradient).
+    1-D weight gradients on NCX data take Winograd (TCN row, 2 threads: 42.8 ms against
+    the direct engine's 77.8 ms, since items convert only the input they read); 2-D
+    and 3-D NCX calls gain from it everywhere."""
+    if call is None or call.geom.spatial_rank != 1 or call.op == "wgrad":
         return True
-    data = {"fwd": (call.a,), "dgrad": (call.b,), "wgrad": (call.a, call.b)}[call.op]
-    return all("nxc" in d.layouts for d in data)
+    data = call.a if call.op == "fwd" else call.b
+    return "nxc" in data.layouts
 
 
 # -- forward and data gradient: plans -------------------------------------------------------
@@ -352,8 +355,8 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
         rowlen = (planes + kd - 1) * G * cpad
         t = max(mr, min(item_tiles, item_v_bytes // (4 * na * rowlen)) // mr * mr)
         for d0 in range(0, depth, planes):
-            for s0 in range(0, per_plane, t):
-                items.append((s0, min(per_plane, s0 + t), d0, min(depth, d0 + planes), 0, G * nob))
+            for s0, s1 in _tile_blocks(per_plane, len(th) * len(tw), t):
+                items.append((s0, s1, d0, min(depth, d0 + planes), 0, G * nob))
     else:
         regime = "weights"
         # groups of tiles whose transformed input fits: whole planes of tiles first
@@ -380,6 +383,19 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
     for a in (plan.tiles_h, plan.tiles_w, plan.items):
         a.setflags(write=False)
     return plan
+
+
+def _tile_blocks(per_plane: int, per_sample: int, t: int) -> list[tuple[int, int]]:
+    """The tiles [0, per_plane) (samples of per_sample tiles) cut into work items of
+    about t tiles.  Where a sample has t tiles or more, items do not cross samples: an
+    item converts (float16, channels-first) the input lines of every sample it touches
+    over the w range of all its tiles, so one straddling two 1-D samples converted both
+    whole lines (the TCN row: 1.8 times its input per call)."""
+    if per_sample < t:
+        return [(s0, min(per_plane, s0 + t)) for s0 in range(0, per_plane, t)]
+    k = -(-per_sample // t)
+    return [(n0 + per_sample * i // k, n0 + per_sample * (i + 1) // k)
+            for n0 in range(0, per_plane, per_sample) for i in range(k)]
 
 
 def _spread(floats: int) -> int:
@@ -690,8 +706,8 @@ def wgrad_plan(geom: ConvGeometry, vl: int, m: int, budgets: tuple) -> WgradPlan
     cw, nobr = max(b[2] for b in boxes), max(b[4] for b in boxes)
     per_tile = 4 * na * ((nd + kd - 1) * cw + nd * nobr * nb)
     t = int(max(8, min(per_plane, item_bytes // per_tile)))
-    blocks = [(s0, min(per_plane, s0 + t), d0, min(depth, d0 + nd))
-              for d0 in range(0, depth, nd) for s0 in range(0, per_plane, t)]
+    blocks = [(s0, s1, d0, min(depth, d0 + nd)) for d0 in range(0, depth, nd)
+              for s0, s1 in _tile_blocks(per_plane, len(th) * len(tw), t)]
     items, tasks = [], []
     if parts_mode:
         # chunks of position blocks, every group in each
