@@ -90,6 +90,22 @@ inline void valid_range(int64_t U, int64_t step, int64_t off, int64_t L, int64_t
     if (u1 < u0) u1 = u0;
 }
 
+// Prefetch (into L2) the line keyed (n * L0 + d) * L1 + h of a channels-first view: its
+// channels' pixel runs lie a channel stride apart, short runs in many places that the
+// hardware prefetchers do not follow (a 3-D NCX data gradient's line conversions ran at
+// a third of the speed of the channels-last ones).  Other layouts: nothing to do.
+inline void prefetch_line(const Tensor& t, int64_t key, int64_t L0, int64_t L1, int64_t W,
+                          int64_t C) {
+    if (t.stride[4] <= t.stride[3] || t.stride[3] != 1) return;
+    const int64_t n = key / (L0 * L1), d = (key / L1) % L0, h = key % L1;
+    const int64_t bytes = W * itemsize(t.dtype);
+    for (int64_t c = 0; c < C; c++) {
+        const char* r = at(t, n, d, h, 0, c);
+        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(r + b, 0, 2);
+        __builtin_prefetch(r + bytes - 1, 0, 2);
+    }
+}
+
 // Convert the keyed lines (all W pixels, all C channels) to dst, float32 [key][w][c].
 inline void pack_keyed_lines(float* dst, const Tensor& t, const std::vector<int64_t>& keys,
                              int64_t L0, int64_t L1, int64_t W, int64_t C) {
@@ -100,6 +116,7 @@ inline void pack_keyed_lines(float* dst, const Tensor& t, const std::vector<int6
         const int64_t k = keys[i], n = k / (L0 * L1), d = (k / L1) % L0, h = k % L1;
         size_t j = i + 1;
         while (chained && j < keys.size() && keys[j] == keys[j - 1] + 1 && keys[j] % L1 != 0) j++;
+        if (j < keys.size()) prefetch_line(t, keys[j], L0, L1, W, C);
         convert_line(dst + i * W * C, t, n, d, h, (int64_t)(j - i) * W, C);
         i = j;
     }

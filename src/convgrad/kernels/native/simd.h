@@ -192,14 +192,14 @@ static inline void convert_run(float* dst, const void* src, int64_t dtype, int64
     }
 }
 
-// dst[j * dstride + i] = src[i * sstride + j] for an 8 x 8 block of floats.
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v8u __attribute__((vector_size(32), aligned(4), may_alias));
 typedef int32_t i8 __attribute__((vector_size(32)));
 
-static inline void transpose8(const float* src, int64_t sstride, float* dst, int64_t dstride) {
+// dst[j * dstride + i] = rows[i][j] for 8 rows of 8 floats.
+static inline void transpose8_rows(const float* const* rows, float* dst, int64_t dstride) {
     v8 r[8], t[8], u[8];
-    for (int i = 0; i < 8; i++) r[i] = *reinterpret_cast<const v8u*>(src + i * sstride);
+    for (int i = 0; i < 8; i++) r[i] = *reinterpret_cast<const v8u*>(rows[i]);
     for (int i = 0; i < 8; i += 2) {
         t[i] = __builtin_shuffle(r[i], r[i + 1], i8{0, 8, 1, 9, 4, 12, 5, 13});
         t[i + 1] = __builtin_shuffle(r[i], r[i + 1], i8{2, 10, 3, 11, 6, 14, 7, 15});
@@ -218,6 +218,13 @@ static inline void transpose8(const float* src, int64_t sstride, float* dst, int
         *reinterpret_cast<v8u*>(dst + k * dstride) = lo;
         *reinterpret_cast<v8u*>(dst + (k + 4) * dstride) = hi;
     }
+}
+
+// dst[j * dstride + i] = src[i * sstride + j] for an 8 x 8 block of floats.
+static inline void transpose8(const float* src, int64_t sstride, float* dst, int64_t dstride) {
+    const float* rows[8];
+    for (int i = 0; i < 8; i++) rows[i] = src + i * sstride;
+    transpose8_rows(rows, dst, dstride);
 }
 
 // Store n contiguous floats to dst (element stride dstride) in dtype.  Whole vectors
