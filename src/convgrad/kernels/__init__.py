@@ -218,10 +218,6 @@ def select(op: str, geom: ConvGeometry, dtype, algo: str = "auto", *,
         call = call or Call.assumed(op, geom, dtype)
         by_name = {k.name: k for k in _REGISTRY[op]}
         ranked = [by_name[name] for name in preference(op, geom) if name in by_name]
-        if ranked and ranked[0].name == "winograd":
-            from . import winograd
-            if not winograd.suits_call(call):
-                ranked = ranked[1:]
         # the usual case first, without asking the other kernels: the preferred
         # kernel supports the problem and fits in the budget
         if ranked and ranked[0].supports(geom, np.dtype(dtype)) is None:

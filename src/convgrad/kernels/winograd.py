@@ -274,20 +274,6 @@ def wgrad_tiles(geom: ConvGeometry, m: int | None = None) -> int:
     return geom.n * outer * math.prod(-(-s // m) for s in geom.out_sizes[-wa:])
 
 
-def suits_call(call) -> bool:
-    """Whether the caller's layouts suit Winograd: not a 1-D forward or data gradient
-    on channels-first data (the tiles' outputs are stored to NCX memory one value at
-    a time, at the channel stride: measured on the TCN row, NCX caller, 1 thread,
-    Winograd 108-113 ms against the direct engine's 110-130 ms for the data gradient).
-    1-D weight gradients on NCX data take Winograd (TCN row, 2 threads: 42.8 ms against
-    the direct engine's 77.8 ms, since items convert only the input they read); 2-D
-    and 3-D NCX calls gain from it everywhere."""
-    if call is None or call.geom.spatial_rank != 1 or call.op == "wgrad":
-        return True
-    data = call.a if call.op == "fwd" else call.b
-    return "nxc" in data.layouts
-
-
 # -- forward and data gradient: plans -------------------------------------------------------
 
 @dataclass(frozen=True)
