@@ -47,3 +47,33 @@ def test_run_ranges_raises_the_first_failure_and_stops_taking_blocks(failing):
         _pool.run_ranges(fn, 64, 2, per_thread=32)
     # the other thread may have taken one more block while the failing one ran
     assert len(started) <= failing + 3 and len(started) < 64
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("ntasks", [0, 1, 5, 40])
+def test_run_each_returns_results_in_task_order(threads, ntasks):
+    got = _pool.run_each([lambda k=k: k * k for k in range(ntasks)], threads)
+    assert got == [k * k for k in range(ntasks)]
+
+
+def test_run_each_runs_tasks_on_the_calling_thread_too_and_raises_failures():
+    who, lock = set(), threading.Lock()
+
+    def task():
+        with lock:
+            who.add(threading.get_ident())
+        time.sleep(0.01)
+    _pool.run_each([task] * 12, 2)
+    assert threading.get_ident() in who and len(who) == 2
+
+    def bad():
+        raise KeyError("task failed")
+    with pytest.raises(KeyError, match="task failed"):
+        _pool.run_each([task, bad, task, task], 2)
+
+
+def test_run_tasks_runs_its_tasks_side_by_side():
+    """run_tasks (the FMA peak's loops) runs every task at the same time: each waits
+    for the others to start."""
+    barrier = threading.Barrier(3, timeout=10)
+    assert _pool.run_tasks([barrier.wait] * 3, 3) is not None

@@ -27,8 +27,10 @@ def pool(threads: int) -> ThreadPoolExecutor:
 
 
 def run_tasks(tasks, threads: int) -> list:
-    """Run zero-argument callables, on ``threads`` threads; results in task order.
-    With one thread (or one task) they run in the calling thread."""
+    """Run zero-argument callables side by side, on ``threads`` pool threads (the
+    caller waits); results in task order.  With one thread (or one task) they run in
+    the calling thread.  For tasks that must run at the same time (the FMA peak's
+    loops); other work takes :func:`run_each`."""
     tasks = list(tasks)
     if threads <= 1 or len(tasks) <= 1:
         return [t() for t in tasks]
@@ -43,17 +45,17 @@ def split(ntasks: int, nblocks: int) -> list[tuple[int, int]]:
     return [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
 
 
-def run_ranges(fn, ntasks: int, threads: int, per_thread: int = 4) -> None:
-    """``fn(lo, hi)`` over ``[0, ntasks)`` in ``per_thread * threads`` blocks, taken in
-    order by whichever thread is free: the calling thread and ``threads - 1`` pool
-    threads (the caller starts at once; a pool thread may take a while to wake).  The
-    blocks write disjoint results, so who runs which does not change them.  The first
-    exception stops the taking of blocks and is raised once every thread has stopped."""
-    if threads <= 1 or ntasks <= 1:
-        if ntasks > 0:
-            fn(0, ntasks)
-        return
-    blocks = split(ntasks, per_thread * threads)
+def run_each(tasks, threads: int) -> list:
+    """Run zero-argument callables on the calling thread and ``threads - 1`` pool
+    threads, each taking the next task in order when it is free (the caller starts at
+    once; a pool thread may take a while to wake); results in task order.  Tasks must
+    not depend on running at the same time (:func:`run_tasks` runs them side by side).
+    The first exception stops the taking of tasks and is raised once every thread has
+    stopped."""
+    tasks = list(tasks)
+    if threads <= 1 or len(tasks) <= 1:
+        return [t() for t in tasks]
+    results = [None] * len(tasks)
     lock = threading.Lock()
     state = {"next": 0, "failed": False}
 
@@ -61,23 +63,35 @@ def run_ranges(fn, ntasks: int, threads: int, per_thread: int = 4) -> None:
         while True:
             with lock:
                 i = state["next"]
-                if state["failed"] or i >= len(blocks):
+                if state["failed"] or i >= len(tasks):
                     return
                 state["next"] = i + 1
             try:
-                fn(*blocks[i])
+                results[i] = tasks[i]()
             except BaseException:
                 state["failed"] = True
                 raise
 
-    n = min(threads, len(blocks))
-    futures = [pool(threads).submit(work) for _ in range(n - 1)]
+    futures = [pool(threads).submit(work) for _ in range(min(threads, len(tasks)) - 1)]
     try:
         work()
     finally:
         wait(futures)
     for f in futures:
         f.result()
+    return results
+
+
+def run_ranges(fn, ntasks: int, threads: int, per_thread: int = 4) -> None:
+    """``fn(lo, hi)`` over ``[0, ntasks)`` in ``per_thread * threads`` blocks, taken in
+    order by whichever thread is free (:func:`run_each`).  The blocks write disjoint
+    results, so who runs which does not change them."""
+    if threads <= 1 or ntasks <= 1:
+        if ntasks > 0:
+            fn(0, ntasks)
+        return
+    run_each([lambda lo=lo, hi=hi: fn(lo, hi) for lo, hi in split(ntasks, per_thread * threads)],
+             threads)
 
 
 def run_shared(fn, ntasks: int, threads: int) -> None:

@@ -526,8 +526,8 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
             buf = scratch("grouped-scratch", (need,), np.float32, zero=False)
             lib.cg_grouped_wgrad_run(pp, lo, hi, parts[k].ctypes.data, buf.ctypes.data)
         return run
-    _pool.run_tasks([task(k, lo, hi) for k, (lo, hi) in
-                     enumerate(_pool.split(pl.items, nchunks))], threads)
+    _pool.run_each([task(k, lo, hi) for k, (lo, hi) in
+                    enumerate(_pool.split(pl.items, nchunks))], threads)
     total = np.add.reduce(parts, axis=0).reshape(len(pl.entries), pl.J, LP)
     order = np.empty(len(pl.entries), np.int64)
     order[pl.entries] = np.arange(len(pl.entries))

@@ -719,8 +719,8 @@ def _transposed_pointwise(eng: Engine, a_of, b_of, outs, threads: int) -> None:
                            plan.nv, t_in)
         _corr(eng, plan, inp, out, weights, t_in)
     if per_sample:
-        _pool.run_tasks([lambda lo=lo, hi=hi: [one(k) for k in range(lo, hi)]
-                         for lo, hi in _pool.split(n, threads)], threads)
+        _pool.run_each([lambda lo=lo, hi=hi: [one(k) for k in range(lo, hi)]
+                        for lo, hi in _pool.split(n, threads)], threads)
     else:
         for k in range(n):
             one(k)

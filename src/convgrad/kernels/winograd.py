@@ -759,7 +759,7 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
                                          dw.ctypes.data, 0, box[1] * box[3])
         return run
 
-    _pool.run_tasks([task(i, t[0], t[1], t[2:]) for i, t in enumerate(plan.tasks)], threads)
+    _pool.run_each([task(i, t[0], t[1], t[2:]) for i, t in enumerate(plan.tasks)], threads)
     if plan.parts:
         box = _MBox(0, G, 0, plan.cpad, 0, plan.nob)
         rows = G * plan.cpad
