@@ -497,3 +497,31 @@ def test_channels_first_pointwise_calls(dtype, n, rng, monkeypatch):
         with convgrad.config(algo="native", threads=t):
             dws.append(convgrad.conv_weight_grad(x, dy, (24, 40, 1, 1), **kw))
     assert all(d.tobytes() == dws[0].tobytes() for d in dws)
+
+
+def test_a_library_whose_files_were_built_for_different_isas_is_refused():
+    """Every source file reports its build (CG_ISA_OF); the loader refuses a library
+    linked from objects of different builds (a parallel setuptools build once linked
+    generic objects into the avx2 library) or missing one of the files."""
+    class Fn:
+        def __init__(self, value):
+            self.value = value
+
+        def __call__(self):
+            return self.value.encode()
+
+    class Lib:
+        def __init__(self, **isas):
+            for unit, isa in isas.items():
+                setattr(self, f"cg_isa_{unit}", Fn(isa))
+
+    native.check_units(Lib(engine="avx2", grouped="avx2", winograd="avx2"), "avx2", "x.so")
+    with pytest.raises(ImportError, match="its grouped code was compiled for 'generic'"):
+        native.check_units(Lib(engine="avx2", grouped="generic", winograd="avx2"), "avx2",
+                           "x.so")
+    with pytest.raises(ImportError, match="no winograd code"):
+        native.check_units(Lib(engine="avx2", grouped="avx2"), "avx2", "x.so")
+    eng = native.engine()
+    for unit in native.UNITS:
+        fn = getattr(eng.lib, f"cg_isa_{unit}")
+        assert fn().decode() == eng.isa

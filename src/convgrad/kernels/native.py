@@ -121,6 +121,24 @@ class _Wgrad(ctypes.Structure):
                 ("items", ctypes.c_void_p)]
 
 
+# The engine's source files (native/*.cpp), each reporting the build it was compiled for.
+UNITS = ("engine", "grouped", "winograd")
+
+
+def check_units(lib, built: str, path: str) -> None:
+    """ImportError unless every source file of a loaded library was compiled for its
+    build (``cg_isa_<unit>``, see simd.h: CG_ISA_OF)."""
+    for unit in UNITS:
+        fn = getattr(lib, f"cg_isa_{unit}", None)
+        if fn is None:
+            raise ImportError(f"{path} has no {unit} code (cg_isa_{unit}): a partial build")
+        fn.restype, fn.argtypes = ctypes.c_char_p, []
+        got = fn().decode()
+        if got != built:
+            raise ImportError(f"{path} is the {built!r} build but its {unit} code was "
+                              f"compiled for {got!r}: a mixed build")
+
+
 class Engine:
     """One loaded build of the engine."""
 
@@ -152,6 +170,7 @@ class Engine:
         built = lib.cg_isa().decode()
         if built != (built_as or isa):
             raise ImportError(f"{path} is the {built!r} build, not {isa!r}")
+        check_units(lib, built, path)
         self.vl = int(lib.cg_vector_floats())
         self.corr_rmax = {nv: int(lib.cg_corr_rmax(nv)) for nv in (1, 2, 3, 4)}
         self.rmax_of = tuple(self.corr_rmax[nv] for nv in (1, 2, 3, 4))

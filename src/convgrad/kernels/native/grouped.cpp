@@ -39,6 +39,8 @@
 
 using namespace cg;
 
+CG_ISA_OF(grouped)
+
 namespace {
 
 constexpr int GR_NKMAX = 7;          // taps per sweep

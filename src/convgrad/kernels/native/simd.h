@@ -31,6 +31,13 @@
 #define CG_ISA_NAME "generic"
 #endif
 
+// Every source file of the engine says which build it was compiled for: the loader
+// (native.py) refuses a library whose files disagree -- one linked from objects of
+// different builds (setuptools shares object file names between the extensions)
+// could run instructions the CPU does not have.
+#define CG_ISA_OF(unit) \
+    extern "C" const char* cg_isa_##unit(void) { return CG_ISA_NAME; }
+
 namespace cg {
 
 constexpr int VL = CG_VL;

@@ -37,6 +37,8 @@
 
 using namespace cg;
 
+CG_ISA_OF(winograd)
+
 #ifdef WINO_PROFILE
 #include <x86intrin.h>
 static thread_local uint64_t prof_t0;
