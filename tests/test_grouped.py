@@ -57,6 +57,7 @@ CASES = {
     "g8-32to32": case(2, groups=8, cg=32, og=32, size=7, k=3, n=1),
     "g3-2to5-1d": case(1, groups=3, cg=2, og=5, size=33, k=5, s=2, d=2, pb=3, pe=2),
     "g6-3to1-dilated": case(2, groups=6, cg=3, og=1, size=14, k=2, d=3, pb=(0, 2), pe=(3, 1)),
+    "dw-1d-k10-wide": case(1, groups=13, cg=1, og=1, size=50, k=10, pb=3, pe=2),
     # every tap in the padding for some outputs
     "all-padding-taps": case(1, groups=8, cg=1, og=1, size=4, k=5, d=3, pb=6, pe=6),
 }
@@ -138,6 +139,42 @@ def test_weight_gradient_is_deterministic(name, rng, monkeypatch):
             runs.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
     for other in runs[1:]:
         np.testing.assert_array_equal(runs[0], other)
+
+
+STREAMED = [name for name, c in CASES.items() if c["c"] == c["o"] == c["groups"]]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", STREAMED)
+def test_channels_last_depthwise_weight_gradients_stream(isa, name, rng, monkeypatch):
+    """Float32 channels-last depthwise weight gradients take the streaming kernel
+    (cg_dw_wgrad_run: several passes for rows of more than 8 taps, a partial last lane
+    vector, padding taps at both ends); the others take the tiles."""
+    taken = []
+    streamed = grouped._depthwise_wgrad
+    monkeypatch.setattr(grouped, "_depthwise_wgrad",
+                        lambda *a: taken.append(1) or streamed(*a))
+    check(CASES[name], rng, isa=isa, channels_last=True, threads=2)
+    assert len(taken) == 1
+    check(CASES[name], rng, isa=isa, channels_last=False)
+    check(CASES[name], rng, isa=isa, channels_last=True, dtype=np.float16)
+    assert len(taken) == 1
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_streamed_weight_gradient_never_multiplies_padding(isa):
+    """The streaming depthwise kernel's edge pixels skip the taps that read padding: a
+    NaN in dy where tap 0 reads x[-1] stays out of that tap's gradient (D17)."""
+    x = np.moveaxis(np.ones((1, 3, 3), np.float32), -1, 1)          # NXC memory
+    dy_nxc = np.ones((1, 3, 3), np.float32)
+    dy_nxc[0, 0, :] = np.nan
+    dy = np.moveaxis(dy_nxc, -1, 1)
+    w_shape = (3, 1, 3)
+    with convgrad.config(algo="grouped", isa=isa):
+        dw = convgrad.conv_weight_grad(x, dy, w_shape, pads_begin=[1], pads_end=[1], groups=3)
+    for ch in range(3):
+        np.testing.assert_array_equal(np.isnan(dw[ch, 0]), [False, True, True])
+        np.testing.assert_array_equal(dw[ch, 0, 0], 2.0)
 
 
 @pytest.mark.parametrize("isa", ISAS)

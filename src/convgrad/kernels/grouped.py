@@ -73,6 +73,12 @@ class _Problem(ctypes.Structure):
                 ("W", _VP), ("nchunks", _I64), ("chunks", _VP), ("cache_lines", _I64)]
 
 
+class _DwWgrad(ctypes.Structure):
+    _fields_ = [("x", native._Tensor), ("dy", native._Tensor), ("N", _I64), ("L", _I64 * 3),
+                ("M", _I64 * 3), ("C", _I64), ("K", _I64 * 3), ("s", _I64 * 3),
+                ("d", _I64 * 3), ("pb", _I64 * 3)]
+
+
 _BOUND: dict[str, tuple[int, int]] = {}
 
 
@@ -84,7 +90,8 @@ def _lib(eng: native.Engine):
                                 ("cg_grouped_regs", i64, []),
                                 ("cg_grouped_scratch", i64, [vp, i64]),
                                 ("cg_grouped_corr_run", None, [vp, i64, i64, vp]),
-                                ("cg_grouped_wgrad_run", None, [vp, i64, i64, vp, vp])):
+                                ("cg_grouped_wgrad_run", None, [vp, i64, i64, vp, vp]),
+                                ("cg_dw_wgrad_run", None, [vp, i64, i64, vp])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         _BOUND[eng.isa] = (id(eng.lib), int(lib.cg_grouped_rmax()))
@@ -511,6 +518,8 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     eng = native.engine()
     lib = _lib(eng)
     threads = _threads(x.nbytes + dy.nbytes)
+    if _streams_depthwise(geom, x, dy):
+        return _depthwise_wgrad(lib, eng.vl, x, dy, geom, result, threads)
     pl = _plan_for(geom, "wgrad", x, threads)
     LP = pl.nlv * eng.vl
     part_floats = len(pl.entries) * pl.J * LP
@@ -532,6 +541,37 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     order = np.empty(len(pl.entries), np.int64)
     order[pl.entries] = np.arange(len(pl.entries))
     result.reshape(-1, cg, geom.o)[...] = total[order, :, :geom.o]
+    del prob
+    return result
+
+
+def _streams_depthwise(geom: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> bool:
+    """Whether a weight gradient takes the streaming depthwise kernel: one channel per
+    group and multiplier 1, x and dy float32 with unit channel stride (read in place)."""
+    return (geom.groups == geom.c == geom.o and x.dtype == dy.dtype == np.float32
+            and _source_direct(x) and _source_direct(dy))
+
+
+def _depthwise_wgrad(lib, vl: int, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry,
+                     result: np.ndarray, threads: int) -> np.ndarray:
+    """The streaming depthwise weight gradient (grouped.cpp: cg_dw_wgrad_run): dy lines
+    cut into a fixed number of chunks, one partial [tap][lane] each, summed in chunk
+    order (the result does not depend on the threads)."""
+    k3, s3, d3, p3 = (native._pad3(geom.kernel, 1), native._pad3(geom.strides, 1),
+                      native._pad3(geom.dilations, 1), native._pad3(geom.pads_begin, 0))
+    l3, m3 = native._pad3(geom.in_sizes, 1), native._pad3(geom.out_sizes, 1)
+    prob = _DwWgrad(native._tensor(x), native._tensor(dy), geom.n, (_I64 * 3)(*l3),
+                    (_I64 * 3)(*m3), geom.c, (_I64 * 3)(*k3), (_I64 * 3)(*s3),
+                    (_I64 * 3)(*d3), (_I64 * 3)(*p3))
+    pp = ctypes.addressof(prob)
+    ntap, LP = math.prod(geom.kernel), -(-geom.c // vl) * vl
+    lines = geom.n * m3[0] * m3[1]
+    nchunks = max(1, min(lines, WGRAD_CHUNKS, _budget_partials() // (4 * ntap * LP)))
+    parts = scratch("grouped-partials", (nchunks, ntap * LP), np.float32, zero=True)
+    _pool.run_each([lambda k=k, lo=lo, hi=hi: lib.cg_dw_wgrad_run(pp, lo, hi, parts[k].ctypes.data)
+                    for k, (lo, hi) in enumerate(_pool.split(lines, nchunks))], threads)
+    total = np.add.reduce(parts, axis=0).reshape(ntap, LP)
+    result.reshape(ntap, geom.o)[...] = total[:, :geom.o]
     del prob
     return result
 
