@@ -45,9 +45,6 @@ WGRAD_CHUNKS = 16
 PARTIALS_BYTES = 8 * 2**20
 # Below this many bytes moved, one thread is faster than waking the others.
 SERIAL_BYTES = 256 * 2**10
-# Results at least this large are written with streaming stores (float32,
-# channels last): they would only evict the inputs from the caches.
-STREAM_BYTES = 8 * 2**20
 # Vector registers left to the compiler beyond a tile's accumulators, weights and
 # source vector (fewer: it spills the accumulators).
 REG_MARGIN = 0
@@ -63,7 +60,7 @@ _VP = ctypes.c_void_p
 
 class _Problem(ctypes.Structure):
     _fields_ = [("src", native._Tensor), ("dy", native._Tensor), ("out", _VP),
-                ("ostride", _I64 * 5), ("out_dtype", _I64), ("stream", _I64),
+                ("ostride", _I64 * 5), ("out_dtype", _I64),
                 ("N", _I64), ("Lin", _I64 * 3), ("Lout", _I64 * 3), ("Cin", _I64),
                 ("lanes", _I64), ("J", _I64), ("nlv", _I64), ("perm", _I64),
                 ("packed", _I64), ("expand", _I64), ("ps", _I64), ("dy_packed", _I64),
@@ -410,7 +407,7 @@ def _source_direct(a: np.ndarray) -> bool:
 
 
 def _tables(pl: Plan, src: np.ndarray, dy: np.ndarray | None, out: np.ndarray | None,
-            weights: np.ndarray | None, stream: bool) -> _Problem:
+            weights: np.ndarray | None) -> _Problem:
     t_src = native._tensor(src)
     t_dy = native._tensor(dy) if dy is not None else native._Tensor()
     if out is not None:
@@ -422,7 +419,7 @@ def _tables(pl: Plan, src: np.ndarray, dy: np.ndarray | None, out: np.ndarray | 
     else:
         ostride, out_ptr, out_code = [0] * 5, None, 0
     dy_packed = dy is not None and not (_source_direct(dy) and pl.lanes % pl.vl == 0)
-    return _Problem(t_src, t_dy, out_ptr, (_I64 * 5)(*ostride), out_code, int(stream), pl.n,
+    return _Problem(t_src, t_dy, out_ptr, (_I64 * 5)(*ostride), out_code, pl.n,
                     (_I64 * 3)(*pl.lin), (_I64 * 3)(*pl.lout), pl.cin, pl.lanes, pl.J, pl.nlv,
                     int(pl.perm), int(pl.packed), int(pl.expand), pl.ps, int(dy_packed),
                     pl.wstart.ctypes.data, pl.perm_idx.ctypes.data, pl.gidx.ctypes.data,
@@ -469,10 +466,10 @@ def _run_corr(op: str, src: np.ndarray, w: np.ndarray, out: np.ndarray, geom: Co
     threads = _threads(nbytes)
     pl = _plan_for(geom, op, src, threads)
     weights = _corr_weights(pl, w, geom, op, eng.vl)
-    stream = (out.dtype == np.float32 and out.nbytes >= STREAM_BYTES
-              and out.strides[-1] == 4 and out.strides[-2] == 4 * pl.lanes
-              and pl.lanes % eng.vl == 0)
-    prob = _tables(pl, src, None, out, weights, stream)
+    # (plain stores: the result's pages are fresh, zeroed into the caches by the page
+    # faults, where streaming stores ran 1.3x slower: MobileNetV2's stride-2 data
+    # gradient 14.7 against 11.2 ms)
+    prob = _tables(pl, src, None, out, weights)
     pp = ctypes.addressof(prob)
     need = int(lib.cg_grouped_scratch(pp, 0))
 
@@ -525,7 +522,7 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     part_floats = len(pl.entries) * pl.J * LP
     nchunks = max(1, min(pl.items, WGRAD_CHUNKS,
                          _budget_partials() // max(1, 4 * part_floats)))
-    prob = _tables(pl, x, dy, None, None, False)
+    prob = _tables(pl, x, dy, None, None)
     pp = ctypes.addressof(prob)
     need = int(lib.cg_grouped_scratch(pp, 1))
     parts = scratch("grouped-partials", (nchunks, part_floats), np.float32, zero=True)

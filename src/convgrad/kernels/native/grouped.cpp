@@ -279,7 +279,6 @@ struct GroupedProblem {
     void* out;                 // corr: the result (float32, float16 or bfloat16)
     int64_t ostride[5];        // its strides, n, d, h, w, c (elements)
     int64_t out_dtype;
-    int64_t stream;            // store float32 channels-last results with streaming stores
     int64_t N, Lin[3], Lout[3];
     int64_t Cin;               // source channels
     int64_t lanes, J;          // lanes (output channels of the op), source channels per lane
@@ -414,31 +413,14 @@ void pack_source(const GroupedProblem* P, float* dst, float* tmp, int64_t n, int
     }
 }
 
-// n floats to dst in dtype; float32 with streaming stores (whole 32-byte blocks of an
-// aligned destination) when stream.
-void put_floats(char* dst, int64_t dtype, const float* src, int64_t n, bool stream) {
-#if defined(CG_ISA_AVX2) || defined(CG_ISA_AVX512)
-    if (stream && dtype == F32) {
-        float* d = (float*)dst;
-        int64_t i = 0;
-        for (; i < n && ((uintptr_t)(d + i) & 31); i++) d[i] = src[i];
-        for (; i + 8 <= n; i += 8) _mm256_stream_ps(d + i, _mm256_loadu_ps(src + i));
-        for (; i < n; i++) d[i] = src[i];
-        return;
-    }
-#endif
-    (void)stream;
-    store_run(dst, dtype, 1, src, n);
-}
-
 // Store buf ([u][LP] floats, lanes valid) as npix output pixels starting at dst:
 // pixels pstride elements apart, channels cstride apart, in dtype.
 void store_pixels(char* dst, int64_t dtype, int64_t pstride, int64_t cstride, const float* buf,
-                  int64_t npix, int64_t lanes, int64_t LP, bool stream) {
+                  int64_t npix, int64_t lanes, int64_t LP) {
     const int64_t es = dtype == F32 ? 4 : 2;
     if (cstride == 1) {
         if (pstride == lanes && LP == lanes) {
-            put_floats(dst, dtype, buf, npix * lanes, stream);
+            store_run(dst, dtype, 1, buf, npix * lanes);
             return;
         }
         for (int64_t u = 0; u < npix; u++)
@@ -607,14 +589,13 @@ struct Runner {
     void put_pixels(char* line_dst, int64_t u, int64_t r, int64_t step) {
         if (!tile_store || (cg_dbg & 2)) return;
         const int64_t es = P->out_dtype == F32 ? 4 : 2, ps = P->ostride[3];
-        const bool stream = P->stream != 0;
         if (step == 1 && ps == P->lanes && LP == P->lanes) {
-            put_floats(line_dst + es * u * ps, P->out_dtype, obuf + u * LP, r * LP, stream);
+            store_run(line_dst + es * u * ps, P->out_dtype, 1, obuf + u * LP, r * LP);
             return;
         }
         for (int64_t i = 0; i < r; i++)
-            put_floats(line_dst + es * (u + i * step) * ps, P->out_dtype, obuf + (u + i * step) * LP,
-                       P->lanes, stream);
+            store_run(line_dst + es * (u + i * step) * ps, P->out_dtype, 1,
+                      obuf + (u + i * step) * LP, P->lanes);
     }
 
     // The next slice of the queue for one tile call.
@@ -741,11 +722,8 @@ struct Runner {
             }
             if (!wgrad && !tile_store && !(cg_dbg & 2))
                 store_pixels(line_dst, P->out_dtype, P->ostride[3], P->ostride[4], obuf, u1 - u0,
-                             P->lanes, LP, P->stream != 0);
+                             P->lanes, LP);
         }
-#if defined(CG_ISA_AVX2) || defined(CG_ISA_AVX512)
-        if (!wgrad && P->stream) _mm_sfence();
-#endif
     }
 };
 
