@@ -146,25 +146,28 @@ STREAMED = [name for name, c in CASES.items() if c["c"] == c["o"] == c["groups"]
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("name", STREAMED)
-def test_channels_last_depthwise_weight_gradients_stream(isa, name, rng, monkeypatch):
-    """Float32 channels-last depthwise weight gradients take the streaming kernel
-    (cg_dw_wgrad_run: several passes for rows of more than 8 taps, a partial last lane
-    vector, padding taps at both ends); the others take the tiles."""
+def test_channels_last_depthwise_gradients_stream(isa, name, rng, monkeypatch):
+    """Float32 channels-last depthwise weight and data gradients take the streaming
+    kernels (cg_dw_wgrad_run: several passes for rows of more than 8 taps;
+    cg_dw_dgrad_run: stride phases, up to 12 terms; both: a partial last lane vector,
+    padding at both ends); the other callers take the tiles."""
     taken = []
-    streamed = grouped._depthwise_wgrad
-    monkeypatch.setattr(grouped, "_depthwise_wgrad",
-                        lambda *a: taken.append(1) or streamed(*a))
+    for fn in ("_depthwise_wgrad", "_depthwise_dgrad"):
+        streamed = getattr(grouped, fn)
+        monkeypatch.setattr(grouped, fn,
+                            lambda *a, f=streamed, n=fn: taken.append(n) or f(*a))
     check(CASES[name], rng, isa=isa, channels_last=True, threads=2)
-    assert len(taken) == 1
+    assert sorted(taken) == ["_depthwise_dgrad", "_depthwise_wgrad"]
     check(CASES[name], rng, isa=isa, channels_last=False)
     check(CASES[name], rng, isa=isa, channels_last=True, dtype=np.float16)
-    assert len(taken) == 1
+    assert len(taken) == 2
 
 
 @pytest.mark.parametrize("isa", ISAS)
-def test_streamed_weight_gradient_never_multiplies_padding(isa):
-    """The streaming depthwise kernel's edge pixels skip the taps that read padding: a
-    NaN in dy where tap 0 reads x[-1] stays out of that tap's gradient (D17)."""
+def test_streamed_gradients_never_multiply_padding(isa):
+    """The streaming depthwise kernels' edge pixels skip the taps that read padding: a
+    NaN in dy where tap 0 reads x[-1] stays out of that tap's gradient, a NaN weight out
+    of the dx pixel whose tap reads past dy (D17)."""
     x = np.moveaxis(np.ones((1, 3, 3), np.float32), -1, 1)          # NXC memory
     dy_nxc = np.ones((1, 3, 3), np.float32)
     dy_nxc[0, 0, :] = np.nan
@@ -175,6 +178,14 @@ def test_streamed_weight_gradient_never_multiplies_padding(isa):
     for ch in range(3):
         np.testing.assert_array_equal(np.isnan(dw[ch, 0]), [False, True, True])
         np.testing.assert_array_equal(dw[ch, 0, 0], 2.0)
+    # the data gradient: the NaN tap 0 meets dy[q + 1], outside dy for the last pixel
+    w = np.tile(np.array([np.nan, 1.0, 1.0], np.float32), (3, 1, 1))
+    with convgrad.config(algo="grouped", isa=isa):
+        dx = convgrad.conv_data_grad(w, np.moveaxis(np.ones((1, 3, 3), np.float32), -1, 1),
+                                     x.shape, pads_begin=[1], pads_end=[1], groups=3)
+    for ch in range(3):
+        np.testing.assert_array_equal(np.isnan(dx[0, ch]), [True, True, False])
+        np.testing.assert_array_equal(dx[0, ch, 2], 2.0)
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -76,6 +76,12 @@ class _DwWgrad(ctypes.Structure):
                 ("d", _I64 * 3), ("pb", _I64 * 3)]
 
 
+class _DwDgrad(ctypes.Structure):
+    _fields_ = [("dy", native._Tensor), ("dx", _VP), ("ostride", _I64 * 4), ("N", _I64),
+                ("L", _I64 * 3), ("M", _I64 * 3), ("C", _I64), ("K", _I64 * 3),
+                ("s", _I64 * 3), ("d", _I64 * 3), ("pb", _I64 * 3), ("w", _VP)]
+
+
 _BOUND: dict[str, tuple[int, int]] = {}
 
 
@@ -88,7 +94,9 @@ def _lib(eng: native.Engine):
                                 ("cg_grouped_scratch", i64, [vp, i64]),
                                 ("cg_grouped_corr_run", None, [vp, i64, i64, vp]),
                                 ("cg_grouped_wgrad_run", None, [vp, i64, i64, vp, vp]),
-                                ("cg_dw_wgrad_run", None, [vp, i64, i64, vp])):
+                                ("cg_dw_wgrad_run", None, [vp, i64, i64, vp]),
+                                ("cg_dw_dgrad_terms", i64, []),
+                                ("cg_dw_dgrad_run", None, [vp, i64, i64])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         _BOUND[eng.isa] = (id(eng.lib), int(lib.cg_grouped_rmax()))
@@ -501,6 +509,10 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> 
     if dy.size == 0 or w.size == 0:
         dx[...] = 0
         return dx
+    eng = native.engine()
+    lib = _lib(eng)
+    if _streams_depthwise_dgrad(geom, dy, dx, int(lib.cg_dw_dgrad_terms())):
+        return _depthwise_dgrad(lib, eng.vl, w, dy, dx, geom)
     _run_corr("dgrad", dy, w, dx, geom)
     return dx
 
@@ -571,6 +583,47 @@ def _depthwise_wgrad(lib, vl: int, x: np.ndarray, dy: np.ndarray, geom: ConvGeom
     result.reshape(ntap, geom.o)[...] = total[:, :geom.o]
     del prob
     return result
+
+
+def _phase_terms(geom: ConvGeometry) -> int:
+    """The most (dy row, tap) terms one dx pixel meets: per axis, the most taps of one
+    stride phase."""
+    return math.prod(max(sum((r + p - t * d) % s == 0 for t in range(k)) for r in range(s))
+                     for k, s, d, p in zip(geom.kernel, geom.strides, geom.dilations,
+                                           geom.pads_begin))
+
+
+def _streams_depthwise_dgrad(geom: ConvGeometry, dy: np.ndarray, dx: np.ndarray,
+                             max_terms: int) -> bool:
+    """Whether a data gradient takes the streaming depthwise kernel: one channel per
+    group and multiplier 1, dy and dx float32 with unit channel stride, and at most
+    ``max_terms`` weights per stride phase (they stay in registers)."""
+    return (geom.groups == geom.c == geom.o and dy.dtype == dx.dtype == np.float32
+            and _source_direct(dy) and _source_direct(dx)
+            and math.prod(geom.strides) <= MAX_PHASES and _phase_terms(geom) <= max_terms)
+
+
+def _depthwise_dgrad(lib, vl: int, w: np.ndarray, dy: np.ndarray, dx: np.ndarray,
+                     geom: ConvGeometry) -> np.ndarray:
+    """The streaming depthwise data gradient (grouped.cpp: cg_dw_dgrad_run), dx lines
+    shared among the threads (each written by one)."""
+    ntap, LP = math.prod(geom.kernel), -(-geom.c // vl) * vl
+    wp = np.zeros((ntap, LP), np.float32)
+    wp[:, :geom.c] = w.reshape(ntap, geom.c)
+    k3, s3, d3, p3 = (native._pad3(geom.kernel, 1), native._pad3(geom.strides, 1),
+                      native._pad3(geom.dilations, 1), native._pad3(geom.pads_begin, 0))
+    l3, m3 = native._pad3(geom.in_sizes, 1), native._pad3(geom.out_sizes, 1)
+    st = [s // 4 for s in dx.strides[:-1]]
+    ostride = [st[0]] + [0] * (4 - len(st)) + st[1:]
+    prob = _DwDgrad(native._tensor(dy), dx.ctypes.data, (_I64 * 4)(*ostride), geom.n,
+                    (_I64 * 3)(*l3), (_I64 * 3)(*m3), geom.c, (_I64 * 3)(*k3),
+                    (_I64 * 3)(*s3), (_I64 * 3)(*d3), (_I64 * 3)(*p3), wp.ctypes.data)
+    pp = ctypes.addressof(prob)
+    lines = geom.n * l3[0] * l3[1]
+    _pool.run_ranges(lambda lo, hi: lib.cg_dw_dgrad_run(pp, lo, hi), lines,
+                     _threads(dy.nbytes + dx.nbytes))
+    del prob, wp
+    return dx
 
 
 def _budget_partials() -> int:

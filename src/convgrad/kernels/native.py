@@ -43,7 +43,7 @@ import numpy as np
 from .. import settings
 from ..errors import ConvGradError
 from ..geometry import ConvGeometry
-from . import _pool
+from . import _pool, _results
 from ._blas import cpu_count, scratch
 
 ISAS = ("avx512", "avx2", "generic")
@@ -437,7 +437,7 @@ def permuted_copy(a: np.ndarray) -> np.ndarray | None:
     rows = min(range(a.ndim), key=lambda i: (abs(sstr[i]) if a.shape[i] > 1 else 1 << 62))
     if rows == last or sstr[rows] != 1:
         return None
-    out = np.empty(a.shape, a.dtype)
+    out = _results.empty(a.shape, a.dtype)
     dstr = [s // es for s in out.strides]
     batch = [i for i in range(a.ndim) if i not in (rows, last)]
     pad = 3 - len(batch)
@@ -503,8 +503,8 @@ def _alloc_like(data: np.ndarray, n: int, sizes, channels: int, dtype=np.float32
         data.strides[-1] >= abs(s) for s, m in zip(data.strides[1:-1], data.shape[1:-1])
         if m > 1)
     if chan_first:
-        return np.moveaxis(np.empty((n, channels, *sizes), dtype), 1, -1)
-    return np.empty((n, *sizes, channels), dtype)
+        return np.moveaxis(_results.empty((n, channels, *sizes), dtype), 1, -1)
+    return _results.empty((n, *sizes, channels), dtype)
 
 
 def _weights_2d(w: np.ndarray) -> np.ndarray:

@@ -931,3 +931,183 @@ void cg_dw_wgrad_run(const DwWgradProblem* P, int64_t lo, int64_t hi, float* par
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Depthwise data gradient, streaming.
+//
+// dx[q][c] = sum over the taps t with q = p*s + t*d - pb of dy[p][c] * w[t][c] for
+// depthwise layers (multiplier 1) whose dy and dx are float32 with unit channel
+// stride.  One dx line at a time, one stride phase r of its w axis and one lane
+// vector at a time: a pass along the phase's pixels q = qq*s + r sums every term
+// (dy row, tap) that meets them with the weights in registers, and stores each dx
+// vector once.  The next line's dy rows are prefetched while this one computes.
+
+extern "C" {
+
+// grouped.py: _DwDgrad, same field order.
+struct DwDgradProblem {
+    Tensor dy;                 // n, d, h, w, c: float32, unit channel stride
+    float* dx;                 // float32, unit channel stride
+    int64_t ostride[4];        // dx strides n, d, h, w (floats)
+    int64_t N, L[3], M[3], C;
+    int64_t K[3], s[3], d[3], pb[3];
+    const float* w;            // [tap][LP] float32 (LP: C rounded up to whole vectors)
+};
+
+int64_t cg_dw_dgrad_terms(void);
+
+// dx lines [lo, hi), numbered (n * L0 + d) * L1 + h.
+void cg_dw_dgrad_run(const DwDgradProblem* P, int64_t lo, int64_t hi);
+
+}  // extern "C"
+
+namespace {
+
+constexpr int DWD_TERMS = 12;   // (dy row, tap) terms of one phase a pass holds at most
+
+// dx[qq * ostep] (lanes [0, nl)) = sum_k dy(b[k] + (qq + off[k]) * ypix) * wv[k] for
+// qq < Q, terms whose dy pixel qq + off[k] lies outside [0, Mw) left out.
+template <int NT, bool TAIL>
+void dwd_pass(const float* const* b, const int64_t* off, const float* const* w, int64_t ypix,
+              int64_t Q, int64_t Mw, float* out, int64_t ostep, int nl, Streamer& pf) {
+    vf wv[NT];
+    int64_t lo = 0, hi = Q;
+#pragma GCC unroll 16
+    for (int k = 0; k < NT; k++) {
+        wv[k] = lane_load<TAIL>(w[k], nl);
+        lo = std::max(lo, -off[k]);
+        hi = std::min(hi, Mw - off[k]);
+    }
+    hi = std::max(lo, hi);
+    const float* p[NT];
+#pragma GCC unroll 16
+    for (int k = 0; k < NT; k++) p[k] = b[k] + (lo + off[k]) * ypix;
+    float* o = out + lo * ostep;
+    for (int64_t qq = lo; qq < hi; qq++) {
+        pf.step();
+        vf acc = lane_load<TAIL>(p[0], nl) * wv[0];
+        p[0] += ypix;
+#pragma GCC unroll 16
+        for (int k = 1; k < NT; k++) {
+            acc += lane_load<TAIL>(p[k], nl) * wv[k];
+            p[k] += ypix;
+        }
+        if (TAIL) store_n(o, acc, nl);
+        else store(o, acc);
+        o += ostep;
+    }
+    // the pixels where some term reads outside dy
+    for (int64_t qq = 0; qq < Q; qq++) {
+        if (qq == lo && hi > lo) qq = hi;
+        if (qq >= Q) break;
+        vf acc = zero();
+        for (int k = 0; k < NT; k++) {
+            const int64_t pix = qq + off[k];
+            if (pix >= 0 && pix < Mw) acc += lane_load<TAIL>(b[k] + pix * ypix, nl) * wv[k];
+        }
+        if (TAIL) store_n(out + qq * ostep, acc, nl);
+        else store(out + qq * ostep, acc);
+    }
+}
+
+typedef void (*dwd_pass_fn)(const float* const*, const int64_t*, const float* const*, int64_t,
+                            int64_t, int64_t, float*, int64_t, int, Streamer&);
+
+template <int... K>
+constexpr std::array<dwd_pass_fn, 2 * sizeof...(K)> dwd_passes(
+    std::integer_sequence<int, K...>) {
+    return {&dwd_pass<K + 1, false>..., &dwd_pass<K + 1, true>...};
+}
+
+const dwd_pass_fn* dwd_pass_table() {
+    static const auto t = dwd_passes(std::make_integer_sequence<int, DWD_TERMS>{});
+    return t.data();
+}
+
+// The dy rows (kd, kh) that dx line l meets: (kd, kh, od, oh), at most 64.
+int dwd_rows(const DwDgradProblem* P, int64_t l, int64_t& n, int64_t& xd, int64_t& xh,
+             int64_t (*rows)[4]) {
+    n = l / (P->L[0] * P->L[1]);
+    xd = (l / P->L[1]) % P->L[0];
+    xh = l % P->L[1];
+    int k = 0;
+    for (int64_t kd = 0; kd < P->K[0]; kd++) {
+        const int64_t a = xd + P->pb[0] - kd * P->d[0];
+        if (a < 0 || a % P->s[0] || a / P->s[0] >= P->M[0]) continue;
+        for (int64_t kh = 0; kh < P->K[1]; kh++) {
+            const int64_t b = xh + P->pb[1] - kh * P->d[1];
+            if (b < 0 || b % P->s[1] || b / P->s[1] >= P->M[1]) continue;
+            if (k < 64) rows[k][0] = kd, rows[k][1] = kh, rows[k][2] = a / P->s[0],
+                        rows[k][3] = b / P->s[1], k++;
+        }
+    }
+    return k;
+}
+
+}  // namespace
+
+int64_t cg_dw_dgrad_terms(void) { return DWD_TERMS; }
+
+void cg_dw_dgrad_run(const DwDgradProblem* P, int64_t lo, int64_t hi) {
+    const int64_t C = P->C, nlv = (C + VL - 1) / VL, LP = nlv * VL, full = C / VL;
+    const int tail = (int)(C - full * VL);
+    const int64_t Kw = P->K[2], sw = P->s[2], Lw = P->L[2], Mw = P->M[2];
+    const int64_t ypix = P->dy.stride[3], opix = P->ostride[3];
+    const dwd_pass_fn* fns = dwd_pass_table();
+    int64_t rows[64][4], next_rows[64][4];
+    const float* b[DWD_TERMS];
+    const float* wk[DWD_TERMS];
+    int64_t off[DWD_TERMS];
+    Streamer pf;
+    for (int64_t l = lo; l < hi; l++) {
+        int64_t n, xd, xh;
+        const int nr = dwd_rows(P, l, n, xd, xh, rows);
+        pf.clear();
+        if (l + 1 < hi) {
+            int64_t n2, xd2, xh2;
+            const int nr2 = dwd_rows(P, l + 1, n2, xd2, xh2, next_rows);
+            for (int j = 0; j < nr2; j++) {
+                bool have = false;
+                for (int k = 0; k < nr && !have && n2 == n; k++)
+                    have = rows[k][2] == next_rows[j][2] && rows[k][3] == next_rows[j][3];
+                if (!have)
+                    pf.add(at(P->dy, n2, next_rows[j][2], next_rows[j][3], 0, 0), 4 * Mw * ypix);
+            }
+        }
+        pf.per = (int)std::min<int64_t>(8, (pf.lines() + nlv * Lw - 1) / std::max<int64_t>(1, nlv * Lw));
+        float* line = P->dx + n * P->ostride[0] + xd * P->ostride[1] + xh * P->ostride[2];
+        for (int64_t r = 0; r < sw && r < Lw; r++) {
+            const int64_t Q = (Lw - r + sw - 1) / sw;
+            int nt = 0;
+            for (int j = 0; j < nr; j++) {
+                const float* row = (const float*)at(P->dy, n, rows[j][2], rows[j][3], 0, 0);
+                for (int64_t kw = 0; kw < Kw; kw++) {
+                    const int64_t a = r + P->pb[2] - kw * P->d[2];
+                    if (((a % sw) + sw) % sw) continue;
+                    // (grouped.py sends only problems whose phases have at most
+                    // DWD_TERMS terms)
+                    b[nt] = row;
+                    off[nt] = a / sw;                               // exact
+                    wk[nt] = P->w + ((rows[j][0] * P->K[1] + rows[j][1]) * Kw + kw) * LP;
+                    nt++;
+                }
+            }
+            float* out = line + r * opix;
+            for (int64_t lv = 0; lv < nlv; lv++) {
+                const bool t = lv == full;
+                const int nl = t ? tail : VL;
+                if (nt == 0) {
+                    for (int64_t qq = 0; qq < Q; qq++)
+                        if (t) store_n(out + qq * sw * opix + lv * VL, zero(), nl);
+                        else store(out + qq * sw * opix + lv * VL, zero());
+                    continue;
+                }
+                const float* bl[DWD_TERMS];
+                const float* wl[DWD_TERMS];
+                for (int k = 0; k < nt; k++) bl[k] = b[k] + lv * VL, wl[k] = wk[k] + lv * VL;
+                fns[(t ? DWD_TERMS : 0) + nt - 1](bl, off, wl, ypix, Q, Mw, out + lv * VL,
+                                                   sw * opix, nl, pf);
+            }
+        }
+    }
+}

@@ -1,0 +1,123 @@
+"""Result arrays whose memory is recycled across calls (docs/decisions.md D25).
+
+A large result allocated afresh costs its page faults: the kernel zeroes every new
+page before the kernels write it.  For the data gradient of MobileNetV2's stride-2
+depthwise layer (a 38.5 MB result) that was more than the computation: 5.3 ms into a
+reused buffer against 8.2-18 ms into a fresh one (2 threads).  So a result of at
+least :data:`MIN_BYTES` is a view of a buffer that goes back to a small pool when the
+caller's last reference to it (or to any view of it) is dropped, and the next result
+of the same size takes it from there: a training loop, which computes the same shapes
+again and again, then writes into memory that is already mapped.
+
+The caller sees an ordinary writable NumPy array (its ``base`` is a :class:`Lease`);
+its contents are undefined until the kernel writes them, as with ``np.empty``.  Idle
+buffers are bounded by :data:`POOL_BYTES` and by ``convgrad.config(workspace_bytes=...)``
+(oldest dropped first); :func:`clear` releases them.  A forked child starts with an
+empty pool.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from .. import settings
+
+# Results smaller than this come from NumPy (the heap reuses small blocks by itself).
+MIN_BYTES = 1 * 2**20
+# Idle buffers kept at most (and at most the workspace budget).
+POOL_BYTES = 256 * 2**20
+# Buffer sizes are rounded up to this, so that nearly equal results share buffers.
+GRAIN = 64 * 2**10
+ALIGN = 64
+
+_lock = threading.Lock()
+_idle: OrderedDict[int, list] = OrderedDict()     # size -> raw buffers, oldest size first
+_idle_bytes = 0
+
+
+def _reset_after_fork() -> None:
+    global _lock, _idle, _idle_bytes
+    _lock, _idle, _idle_bytes = threading.Lock(), OrderedDict(), 0
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+class Lease:
+    """The owner of a result's memory: exposes it as an array, and returns the buffer
+    to the pool when the last array using it is gone."""
+
+    def __init__(self, raw: np.ndarray, shape, dtype):
+        self._raw = raw
+        offset = (-raw.ctypes.data) % ALIGN
+        self.__array_interface__ = {"shape": tuple(int(s) for s in shape),
+                                    "typestr": np.dtype(dtype).str,
+                                    "data": (raw.ctypes.data + offset, False), "version": 3}
+
+    def __del__(self):
+        try:
+            _give_back(self._raw)
+        except Exception:                          # (interpreter shutdown)
+            pass
+
+
+def _take(size: int) -> np.ndarray | None:
+    global _idle_bytes
+    with _lock:
+        bufs = _idle.get(size)
+        if not bufs:
+            return None
+        raw = bufs.pop()
+        if not bufs:
+            del _idle[size]
+        _idle_bytes -= size
+        return raw
+
+
+def _give_back(raw: np.ndarray) -> None:
+    global _idle_bytes
+    size = raw.nbytes - ALIGN
+    limit = min(POOL_BYTES, settings.workspace_bytes())
+    with _lock:
+        if size > limit:
+            return
+        while _idle_bytes + size > limit and _idle:
+            old, bufs = next(iter(_idle.items()))
+            bufs.pop(0)
+            _idle_bytes -= old
+            if not bufs:
+                del _idle[old]
+        _idle.setdefault(size, []).append(raw)
+        _idle.move_to_end(size)
+        _idle_bytes += size
+
+
+def empty(shape, dtype) -> np.ndarray:
+    """An uninitialized C-contiguous array, ``ALIGN``-byte aligned when it is large
+    enough to come from the pool."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes < MIN_BYTES:
+        return np.empty(shape, dtype)
+    size = -(-nbytes // GRAIN) * GRAIN
+    raw = _take(size)
+    if raw is None:
+        raw = np.empty(size + ALIGN, np.uint8)
+    return np.asarray(Lease(raw, shape, dtype))
+
+
+def idle_bytes() -> int:
+    """Bytes of the buffers waiting in the pool."""
+    return _idle_bytes
+
+
+def clear() -> None:
+    """Release every idle buffer."""
+    global _idle_bytes
+    with _lock:
+        _idle.clear()
+        _idle_bytes = 0
