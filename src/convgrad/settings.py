@@ -177,7 +177,8 @@ _CONTROLLER: list = [None, -1]
 def _blas_controller():
     """threadpoolctl's view of the loaded BLAS libraries, made again only when modules
     have been imported since (a new one may load a BLAS): ``threadpool_limits`` looks
-    for them on every call, 1.7 ms per ``config(threads=...)`` block, against 4 us."""
+    for them on every call, 1.7 ms per ``config(threads=...)`` block, against 0.06 ms
+    with the controller kept."""
     import sys
     if _CONTROLLER[0] is None or _CONTROLLER[1] != len(sys.modules):
         from threadpoolctl import ThreadpoolController

@@ -762,12 +762,17 @@ def _stationary_input(a: np.ndarray, geom: ConvGeometry, kind: str, vl: int) -> 
                                  else _weight_stationary(geom, kind, vl)):
         return a
     out = a if a.flags.c_contiguous else permuted_copy(a)
-    out = np.ascontiguousarray(a) if out is None else out
-    if out.dtype == np.float32:
-        return out
-    f32 = np.empty(out.shape, np.float32)
-    engine().lib.cg_load_floats(f32.ctypes.data, out.ctypes.data, DTYPE_CODES[out.dtype],
-                                out.size)
+    return float32_copy(np.ascontiguousarray(a) if out is None else out)
+
+
+def float32_copy(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous float16/bfloat16 array converted to float32 by the engine (the
+    same values as NumPy's and ml_dtypes' casts, D23); a float32 one as it is."""
+    if a.dtype == np.float32:
+        return a
+    assert a.flags.c_contiguous
+    f32 = np.empty(a.shape, np.float32)
+    engine().lib.cg_load_floats(f32.ctypes.data, a.ctypes.data, DTYPE_CODES[a.dtype], a.size)
     return f32
 
 

@@ -426,7 +426,7 @@ def _problem(plan: CorrPlan, inp: np.ndarray, w: np.ndarray, out: np.ndarray, U,
                  plan.items.ctypes.data, bad.ctypes.data)
 
 
-def _float32_weights(eng: native.Engine, w: np.ndarray) -> np.ndarray:
+def _float32_weights(w: np.ndarray) -> np.ndarray:
     """float16/bfloat16 weights as a float32 array of the same memory order (w itself if
     float32), converted once by the engine: the weight transforms would otherwise
     convert them element by element at their stride, once per work item that
@@ -435,10 +435,7 @@ def _float32_weights(eng: native.Engine, w: np.ndarray) -> np.ndarray:
         return w
     order = np.argsort(w.strides, kind="stable")[::-1]      # memory order, outermost first
     base = np.ascontiguousarray(w.transpose(order))         # no copy for a permuted view
-    f32 = np.empty(base.shape, np.float32)
-    eng.lib.cg_load_floats(f32.ctypes.data, base.ctypes.data, native.DTYPE_CODES[base.dtype],
-                           base.size)
-    return f32.transpose(np.argsort(order))
+    return native.float32_copy(base).transpose(np.argsort(order))
 
 
 def _run_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
@@ -450,7 +447,7 @@ def _run_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
     if inp.size == 0 or w.size == 0:
         out[...] = 0
         return out
-    w = _float32_weights(eng, w)
+    w = _float32_weights(w)
     threads = native._threads(geom.flops)
     m = tile_size(geom, kind)
     plan = corr_plan(geom, kind, eng.vl, eng.mr_of_wino if hasattr(eng, "mr_of_wino") else

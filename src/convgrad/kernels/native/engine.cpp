@@ -423,22 +423,15 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                     continue;
                 }
                 // channels first: blocks of 8 channels x 64 pixels transposed 8 x 8
-                float blk[8][64];
                 for (int64_t g = 0; g < G; g++) {
                     for (int64_t cb = g * cout_g + c0; cb < g * cout_g + c1; cb += 8) {
                         const int64_t cn = std::min<int64_t>(8, g * cout_g + c1 - cb);
                         for (int64_t u0 = 0; u0 < Uw; u0 += 64) {
-                            const int64_t un = std::min<int64_t>(64, Uw - u0);
                             const float* s = L.out + u0 * P->Cout + cb;
-                            int64_t u = 0;
-                            if (cn == 8)
-                                for (; u + 8 <= un; u += 8)
-                                    transpose8(s + u * P->Cout, P->Cout, &blk[0][u], 64);
-                            for (; u < un; u++)
-                                for (int64_t c = 0; c < cn; c++) blk[c][u] = s[u * P->Cout + c];
-                            for (int64_t c = 0; c < cn; c++)
-                                store_run(dst + es * ((cb + c) * rochan + u0 * ropix),
-                                          P->out_dtype, ropix, blk[c], un);
+                            store_channel_runs(
+                                dst + es * (cb * rochan + u0 * ropix), P->out_dtype, ropix,
+                                rochan, [&](int64_t u) { return s + u * P->Cout; },
+                                std::min<int64_t>(64, Uw - u0), cn);
                         }
                     }
                 }

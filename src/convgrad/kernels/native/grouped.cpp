@@ -428,20 +428,13 @@ void store_pixels(char* dst, int64_t dtype, int64_t pstride, int64_t cstride, co
         return;
     }
     // channels first: blocks of 8 lanes x 64 pixels transposed 8 x 8
-    float blk[8][64];
     for (int64_t c0 = 0; c0 < lanes; c0 += 8) {
-        const int64_t cn = std::min<int64_t>(8, lanes - c0);
         for (int64_t u0 = 0; u0 < npix; u0 += 64) {
-            const int64_t un = std::min<int64_t>(64, npix - u0);
             const float* s = buf + u0 * LP + c0;
-            int64_t u = 0;
-            if (cn == 8)
-                for (; u + 8 <= un; u += 8) transpose8(s + u * LP, LP, &blk[0][u], 64);
-            for (; u < un; u++)
-                for (int64_t c = 0; c < cn; c++) blk[c][u] = s[u * LP + c];
-            for (int64_t c = 0; c < cn; c++)
-                store_run(dst + es * ((c0 + c) * cstride + u0 * pstride), dtype, pstride,
-                          blk[c], un);
+            store_channel_runs(dst + es * (c0 * cstride + u0 * pstride), dtype, pstride,
+                                 cstride, [&](int64_t u) { return s + u * LP; },
+                                 std::min<int64_t>(64, npix - u0),
+                                 std::min<int64_t>(8, lanes - c0));
         }
     }
 }

@@ -276,4 +276,27 @@ static inline void store_run(void* dst, int64_t dtype, int64_t dstride, const fl
     for (; i < n; i++) d[i * dstride] = float_to_bf16(src[i]);
 }
 
+// Store cn <= 8 channels of un <= 64 pixels into a channels-first destination: pixel
+// u's cn floats are at row(u); channel c's run of un pixels goes to dst + c * cstride
+// elements, pixels pstride elements apart, in dtype.  Whole groups of 8 pixels x 8
+// channels move as 8 x 8 transposes, then each channel is one run.
+template <class RowOf>
+inline void store_channel_runs(char* dst, int64_t dtype, int64_t pstride, int64_t cstride,
+                                 RowOf row, int64_t un, int64_t cn) {
+    alignas(32) float blk[8][64];
+    int64_t u = 0;
+    if (cn == 8)
+        for (; u + 8 <= un; u += 8) {
+            const float* rows[8];
+            for (int r = 0; r < 8; r++) rows[r] = row(u + r);
+            transpose8_rows(rows, &blk[0][u], 64);
+        }
+    for (; u < un; u++) {
+        const float* s = row(u);
+        for (int64_t c = 0; c < cn; c++) blk[c][u] = s[c];
+    }
+    const int64_t es = dtype == F32 ? 4 : 2;
+    for (int64_t c = 0; c < cn; c++) store_run(dst + es * c * cstride, dtype, pstride, blk[c], un);
+}
+
 }  // namespace cg

@@ -773,7 +773,6 @@ void store_channels_first(const WinoProblem* P, const TileGeom& T, const float* 
     constexpr int MH = AX == 2 ? M : 1;
     const int64_t es = P->out_dtype == F32 ? 4 : 2, C = P->Cout;
     static thread_local std::vector<std::pair<int64_t, const float*>> px;
-    alignas(32) float blk[8][64];
     for (int64_t sa = s0; sa < s1;) {
         // a run of tiles of one tile row (same sample and tile row h0)
         const int64_t row = sa / T.ntw;
@@ -803,22 +802,12 @@ void store_channels_first(const WinoProblem* P, const TileGeom& T, const float* 
                     const int64_t g = k / nob, kend = std::min(k1, (g + 1) * nob);
                     const int64_t c0 = g * cout_g + (k % nob) * P->nv * VL;
                     const int64_t c1 = g * cout_g + std::min(cout_g, (kend - g * nob) * P->nv * VL);
-                    for (int64_t cb = c0; cb < c1; cb += 8) {
-                        const int64_t cn = std::min<int64_t>(8, c1 - cb);
-                        int64_t u = 0;
-                        if (cn == 8)
-                            for (; u + 8 <= un; u += 8) {
-                                const float* rows[8];
-                                for (int r = 0; r < 8; r++) rows[r] = px[a + u + r].second + cb;
-                                transpose8_rows(rows, &blk[0][u], 64);
-                            }
-                        for (; u < un; u++)
-                            for (int64_t c = 0; c < cn; c++) blk[c][u] = px[a + u].second[cb + c];
-                        for (int64_t c = 0; c < cn; c++)
-                            store_run(line + es * (px[a].first * P->ostride[3] +
-                                                   (cb + c) * P->ostride[4]),
-                                      P->out_dtype, P->ostride[3], blk[c], un);
-                    }
+                    for (int64_t cb = c0; cb < c1; cb += 8)
+                        store_channel_runs(
+                            line + es * (px[a].first * P->ostride[3] + cb * P->ostride[4]),
+                            P->out_dtype, P->ostride[3], P->ostride[4],
+                            [&](int64_t u) { return px[a + u].second + cb; }, un,
+                            std::min<int64_t>(8, c1 - cb));
                     k = kend;
                 }
                 a = e;
