@@ -566,12 +566,21 @@ void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const 
 
 namespace {
 
+// Positions per sweep when the x rows are read in place (see wgrad_gemm).
+constexpr int64_t WG_INPLACE_SWEEP = 128;
+
 // dw[t][g-block tiles] += A^T B over np positions.  A: the x rows, lda floats
 // apart -- channel tile ct of group g at channel g*cg + c0(ct) of the rows as they
 // are (astripe == 0), or at stripe (g*nct + ct)*astripe of a packed panel; B panel
 // [g][ob][.][NB] with bstride floats per (g, ob).  Channel tiles are near-equal
-// (tile_start).  Blocks of channel tiles whose A rows fit in L2 are swept by every
-// output block in turn (the B rows of one block stay in L1).
+// (tile_start).
+// * x rows in place: a tile's rows are strided (one cache line or two per position
+//   for a few floats), so they are swept WG_INPLACE_SWEEP positions at a time, each
+//   channel tile meeting all its output blocks while its lines are in L1 (the B rows
+//   of the sweep, og x 128 floats, stay in L1/L2).  Against the packed order below:
+//   ResNet-50 res2 1x1 weight gradient 1.1-1.3x, res3 stride-2 1.15x (2 threads).
+// * packed panels: blocks of channel tiles whose A panels fit in L2 are swept by
+//   every output block in turn (the B rows of one block stay in L1).
 void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astripe,
                 const float* B, int64_t bstride, int64_t np, float* dwt, int64_t oblo,
                 int64_t obhi) {
@@ -579,6 +588,37 @@ void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astr
     const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
     const int64_t nob = (og + NB - 1) / NB, nct = (cg + mr - 1) / mr;
     const gemm_fn* fns = gemm_table(nv);
+    if (astripe == 0) {
+        for (int64_t p0 = 0; p0 < np; p0 += WG_INPLACE_SWEEP) {
+            const int64_t sp = std::min<int64_t>(WG_INPLACE_SWEEP, np - p0);
+            for (int64_t obg = oblo; obg < obhi;) {
+                const int64_t g = obg / nob;
+                const int64_t gend = std::min(obhi, (g + 1) * nob);
+                for (int64_t ct = 0; ct < nct; ct++) {
+                    const int64_t c0 = tile_start(ct, cg, nct);
+                    const int m = (int)(tile_start(ct + 1, cg, nct) - c0);
+                    const float* a = A + p0 * lda + g * cg + c0;
+                    const float* ar[64];
+                    float* cr[64];
+                    for (int64_t k = obg; k < gend;) {
+                        const int64_t ob = k % nob;
+                        const int bk = (int)std::min<int64_t>(gemm_blocks(m, nv), gend - k);
+                        const int nvalid = (int)std::min<int64_t>(bk * NB, og - ob * NB);
+                        for (int i = 0; i < m; i++) {
+                            ar[i] = a + i;
+                            cr[i] = dwt + (c0 + i) * P->O + g * og + ob * NB;
+                        }
+                        fns[(m - 1) * BMAX + (bk - 1)](sp, ar, lda,
+                                                       B + (g * nob + ob) * bstride + p0 * NB,
+                                                       bstride, cr, nvalid);
+                        k += bk;
+                    }
+                }
+                obg = gend;
+            }
+        }
+        return;
+    }
     const int64_t block = std::max<int64_t>(1, (96 << 10) / std::max<int64_t>(1, np * mr * 4));
     for (int64_t obg = oblo; obg < obhi;) {
         const int64_t g = obg / nob;
