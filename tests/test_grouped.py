@@ -57,6 +57,8 @@ CASES = {
     "g8-32to32": case(2, groups=8, cg=32, og=32, size=7, k=3, n=1),
     "g3-2to5-1d": case(1, groups=3, cg=2, og=5, size=33, k=5, s=2, d=2, pb=3, pe=2),
     "g6-3to1-dilated": case(2, groups=6, cg=3, og=1, size=14, k=2, d=3, pb=(0, 2), pe=(3, 1)),
+    # expanded source rows four vectors wide, the last one partial (28 channels)
+    "g7-4to3": case(2, groups=7, cg=4, og=3, size=9, k=3, s=2),
     "dw-1d-k10-wide": case(1, groups=13, cg=1, og=1, size=50, k=10, pb=3, pe=2),
     # every tap in the padding for some outputs
     "all-padding-taps": case(1, groups=8, cg=1, og=1, size=4, k=5, d=3, pb=6, pe=6),

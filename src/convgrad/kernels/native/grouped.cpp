@@ -406,6 +406,37 @@ void pack_source(const GroupedProblem* P, float* dst, float* tmp, int64_t n, int
     }
     const int64_t n_ = P->J * P->nlv * VL;
     const int32_t* g = P->gidx;
+#if CG_VL >= 8
+    // a pixel of at most 4 vectors of channels: every expanded vector is two
+    // two-source shuffles of them (vpermps / vpermt2ps), one select and a mask,
+    // against a scalar gather per float (the spec layer's 5 -> 2 groups: 40
+    // floats a pixel, 1.4 ms of its 7)
+    typedef int32_t vi __attribute__((vector_size(VL * 4)));
+    const int64_t nsv = (C + VL - 1) / VL, nov = n_ / VL;
+    if (nsv <= 4 && nov <= 64) {
+        vi m[64], upper[64], keep[64];
+        for (int64_t v = 0; v < nov; v++)
+            for (int l = 0; l < VL; l++) {
+                const int32_t gk = g[v * VL + l];
+                m[v][l] = gk >= 0 ? gk % (2 * VL) : 0;
+                upper[v][l] = gk >= 2 * VL ? -1 : 0;
+                keep[v][l] = gk >= 0 ? -1 : 0;
+            }
+        for (int64_t w = 0; w < W; w++) {
+            const float* r = rows + w * rstride;
+            float* o = dst + w * ps;
+            vf src[4] = {zero(), zero(), zero(), zero()};
+            for (int64_t i = 0; i < nsv; i++)
+                src[i] = (i + 1) * VL <= C ? load(r + i * VL) : load_n(r + i * VL, (int)(C - i * VL));
+            for (int64_t v = 0; v < nov; v++) {
+                vf a = __builtin_shuffle(src[0], src[1], m[v]);
+                if (nsv > 2) a = upper[v] ? __builtin_shuffle(src[2], src[3], m[v]) : a;
+                store(o + v * VL, (vf)((vi)a & keep[v]));
+            }
+        }
+        return;
+    }
+#endif
     for (int64_t w = 0; w < W; w++) {
         const float* r = rows + w * rstride;
         float* o = dst + w * ps;
@@ -674,8 +705,11 @@ struct Runner {
                         continue;
                     }
                     // sweeps of equal tap counts run in one tile call each
-                    std::stable_sort(sweeps.begin(), sweeps.end(),
-                                     [](const Sweep& x, const Sweep& y) { return x.nk < y.nk; });
+                    // (a stable insertion sort: a few sweeps, and std::stable_sort's
+                    // temporary buffer cost an allocation per segment)
+                    for (size_t i = 1; i < sweeps.size(); i++)
+                        for (size_t j = i; j > 0 && sweeps[j].nk < sweeps[j - 1].nk; j--)
+                            std::swap(sweeps[j], sweeps[j - 1]);
                     runs.clear();
                     for (size_t s = 0; s < sweeps.size(); s++)
                         if (s == 0 || sweeps[s].nk != sweeps[s - 1].nk) runs.push_back(s);
