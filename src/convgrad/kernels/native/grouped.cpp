@@ -490,6 +490,8 @@ struct Runner {
     std::vector<const char*> rows_now, rows_next, pf;
     const char* dy_next = nullptr;
     bool tile_store = false;
+    // packed (converted) channels-first sources: their lines are prefetched too
+    bool pf_packed = false;
     size_t pf_pos = 0, pf_per_tile = 8;
     int64_t tiles_last = 1, tiles_now = 0;
 
@@ -510,6 +512,7 @@ struct Runner {
         dytmp = s;
         pix = P->packed ? P->ps : P->src.stride[3];
         tile_store = !wgrad && P->ostride[4] == 1 && !(cg_dbg & 8);
+        pf_packed = P->packed && P->src.stride[3] == 1 && P->src.stride[4] > 1 && !(cg_dbg & 16);
         L.nlv = P->nlv;
         L.J = P->J;
         L.LP = LP;
@@ -563,7 +566,7 @@ struct Runner {
         const int64_t od = (l / P->Lout[1]) % P->Lout[0], oh = l % P->Lout[1];
         const int64_t cls = (od % P->os[0]) * P->os[1] + oh % P->os[1];
         const int64_t qd = od / P->os[0], qh = oh / P->os[1];
-        if (!P->packed)
+        if (!P->packed || pf_packed)
             for (int64_t wp = P->classes[2 * cls]; wp < P->classes[2 * cls + 1]; wp++)
                 for (int64_t g = P->wph[6 * wp + 2]; g < P->wph[6 * wp + 3]; g++) {
                     const int64_t* gr = P->grp + 5 * g;
@@ -573,14 +576,25 @@ struct Runner {
                 }
         std::sort(out.begin(), out.end());
         out.erase(std::unique(out.begin(), out.end()), out.end());
-        dy_next = wgrad && !P->dy_packed ? at(P->dy, n, od, oh, ch[0], 0) : nullptr;
+        const bool dy_first = P->dy.stride[3] == 1 && P->dy.stride[4] > 1 && !(cg_dbg & 16);
+        dy_next = wgrad && (!P->dy_packed || dy_first) ? at(P->dy, n, od, oh, ch[0], 0) : nullptr;
     }
 
     // Queue the cache lines of npx pixels of chans channels from r.
     void queue_row(const char* r, const Tensor& t, int64_t npx, int64_t chans) {
         const int64_t es = itemsize(t.dtype);
         const int64_t pst = t.stride[3] * es, cb = chans * es;
-        if (pst == cb) {
+        if (t.stride[3] == 1 && t.stride[4] > 1) {
+            // channels first: a run of npx pixels per channel, a channel stride apart
+            // (runs in as many places as channels: no hardware prefetcher follows them)
+            const int64_t run = npx * es, cst = t.stride[4] * es;
+            for (int64_t c = 0; c < chans; c++) {
+                const char* rc = r + c * cst;
+                for (int64_t b = 0; b < run; b += 64) pf.push_back(rc + b);
+                if (((uintptr_t)rc & 63) + run > ((run + 63) & ~(int64_t)63))
+                    pf.push_back(rc + run - 1);
+            }
+        } else if (pst == cb) {
             for (int64_t b = 0; b < npx * cb; b += 64) pf.push_back(r + b);
         } else {
             for (int64_t w = 0; w < npx; w++)
@@ -594,7 +608,7 @@ struct Runner {
         pf.clear();
         pf_pos = 0;
         const int64_t nx = it + cg_pf_dist;
-        if (nx >= hi || (P->packed && !wgrad)) { item_rows(std::min(it + 1, hi - 1), rows_next); return; }
+        if (nx >= hi || (P->packed && !pf_packed)) { item_rows(std::min(it + 1, hi - 1), rows_next); return; }
         (void)lo;
         item_rows(nx - 1, rows_now);
         item_rows(nx, rows_next);
