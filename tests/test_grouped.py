@@ -191,6 +191,60 @@ def test_streamed_gradients_never_multiply_padding(isa):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", STREAMED)
+def test_channels_first_depthwise_gradients_planar(isa, name, rng, monkeypatch):
+    """Channels-first depthwise weight and data gradients take the planar kernels
+    (cg_planar_*: one channel plane at a time, w stride phases, every tap over the
+    positions where it reads the input, ends pixel by pixel) in every dtype; the weight
+    gradient is bitwise the same on 1, 2 and 3 threads; channels-last callers keep the
+    streaming kernels."""
+    taken = []
+    planar = grouped._planar_run
+    monkeypatch.setattr(grouped, "_planar_run", lambda *a: taken.append(a[1]) or planar(*a))
+    monkeypatch.setattr(grouped, "PLANAR_MIN_WIDTH", 1)
+    for dtype in (np.float32, np.float16, bfloat16):
+        check(CASES[name], rng, isa=isa, channels_last=False, dtype=dtype, threads=2)
+    assert sorted(taken) == ["dgrad"] * 3 + ["wgrad"] * 3
+    check(CASES[name], rng, isa=isa, channels_last=True)
+    assert len(taken) == 6
+    c = CASES[name]
+    x, w, dy = make_arrays(c, rng, np.float32, False)
+    runs = []
+    for threads in (1, 2, 3):
+        with convgrad.config(algo="grouped", isa=isa, threads=threads):
+            runs.append(convgrad.conv_weight_grad(x, dy, w.shape, **kwargs(c)))
+    for other in runs[1:]:
+        np.testing.assert_array_equal(runs[0], other)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("stride", [1, 2])
+def test_planar_gradients_never_multiply_padding(isa, stride, monkeypatch):
+    """The planar kernels skip the taps that read padding (D17): a NaN in dy where
+    tap 0 reads x[-1] stays out of tap 0's weight gradient; a NaN weight stays out of
+    the dx pixels whose tap reads outside dy."""
+    monkeypatch.setattr(grouped, "PLANAR_MIN_WIDTH", 1)
+    W = 21
+    M = (W + 2 - 3) // stride + 1
+    x = np.ones((1, 2, W), np.float32)
+    dy = np.ones((1, 2, M), np.float32)
+    dy[..., 0] = np.nan
+    attrs = dict(strides=[stride], pads_begin=[1], pads_end=[1], groups=2)
+    with convgrad.config(algo="grouped", isa=isa):
+        dw = convgrad.conv_weight_grad(x, dy, (2, 1, 3), **attrs)
+    np.testing.assert_array_equal(np.isnan(dw[:, 0]), [[False, True, True]] * 2)
+    # tap 0 reads x[ow * stride - 1]: valid for ow >= 1
+    np.testing.assert_array_equal(dw[:, 0, 0], float(M - 1))
+    w = np.tile(np.array([np.nan, 1.0, 1.0], np.float32), (2, 1, 1))
+    with convgrad.config(algo="grouped", isa=isa):
+        dx = convgrad.conv_data_grad(w, np.ones((1, 2, M), np.float32), x.shape, **attrs)
+    want = naive.dgrad(np.asarray(w, np.float64), np.ones((1, 2, M)), (W,), strides=(stride,),
+                       dilations=(1,), pads_begin=(1,), groups=2)
+    np.testing.assert_array_equal(np.isnan(dx), np.isnan(want))
+    assert np.isfinite(dx).any() and np.isnan(dx).any()
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_padding_is_never_an_operand(isa):
     # depthwise, 3 channels: the NaN tap reads x[p - 1]
     x = np.ones((1, 3, 3), np.float32)

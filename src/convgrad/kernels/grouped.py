@@ -82,6 +82,13 @@ class _DwDgrad(ctypes.Structure):
                 ("s", _I64 * 3), ("d", _I64 * 3), ("pb", _I64 * 3), ("w", _VP)]
 
 
+class _Planar(ctypes.Structure):
+    _fields_ = [("src", native._Tensor), ("dy", native._Tensor), ("out", _VP),
+                ("out_dtype", _I64), ("ostride", _I64 * 5), ("W", _VP), ("N", _I64),
+                ("C", _I64), ("L", _I64 * 3), ("M", _I64 * 3), ("K", _I64 * 3),
+                ("s", _I64 * 3), ("d", _I64 * 3), ("pb", _I64 * 3)]
+
+
 _BOUND: dict[str, tuple[int, int]] = {}
 
 
@@ -96,7 +103,10 @@ def _lib(eng: native.Engine):
                                 ("cg_grouped_wgrad_run", None, [vp, i64, i64, vp, vp]),
                                 ("cg_dw_wgrad_run", None, [vp, i64, i64, vp]),
                                 ("cg_dw_dgrad_terms", i64, []),
-                                ("cg_dw_dgrad_run", None, [vp, i64, i64])):
+                                ("cg_dw_dgrad_run", None, [vp, i64, i64]),
+                                ("cg_planar_scratch", i64, [vp]),
+                                ("cg_planar_wgrad_run", None, [vp, i64, i64, vp]),
+                                ("cg_planar_dgrad_run", None, [vp, i64, i64, vp])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         _BOUND[eng.isa] = (id(eng.lib), int(lib.cg_grouped_rmax()))
@@ -513,6 +523,9 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> 
     lib = _lib(eng)
     if _streams_depthwise_dgrad(geom, dy, dx, int(lib.cg_dw_dgrad_terms())):
         return _depthwise_dgrad(lib, eng.vl, w, dy, dx, geom)
+    if _planar(geom, dy, dx):
+        return _planar_run(lib, "dgrad", dy, None, w, dx, geom,
+                           _threads(dy.nbytes + dx.nbytes))
     _run_corr("dgrad", dy, w, dx, geom)
     return dx
 
@@ -529,6 +542,8 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     threads = _threads(x.nbytes + dy.nbytes)
     if _streams_depthwise(geom, x, dy):
         return _depthwise_wgrad(lib, eng.vl, x, dy, geom, result, threads)
+    if _planar(geom, x, dy):
+        return _planar_run(lib, "wgrad", x, dy, None, result, geom, threads)
     pl = _plan_for(geom, "wgrad", x, threads)
     LP = pl.nlv * eng.vl
     part_floats = len(pl.entries) * pl.J * LP
@@ -583,6 +598,57 @@ def _depthwise_wgrad(lib, vl: int, x: np.ndarray, dy: np.ndarray, geom: ConvGeom
     result.reshape(ntap, geom.o)[...] = total[:, :geom.o]
     del prob
     return result
+
+
+# planar depthwise kernels: channels-first operands whose rows are at least this wide
+PLANAR_MIN_WIDTH = 16
+
+
+def _planar(geom: ConvGeometry, *data: np.ndarray) -> bool:
+    """Whether a depthwise gradient (one channel per group, multiplier 1) takes the
+    planar kernels (grouped.cpp: cg_planar_*): every operand (N, *S, C) keeps a
+    channel's rows together (unit stride along w, channels further apart: NCX
+    callers), rows at least PLANAR_MIN_WIDTH wide."""
+    if not (geom.groups == geom.c == geom.o) or min(geom.in_sizes[-1],
+                                                      geom.out_sizes[-1]) < PLANAR_MIN_WIDTH:
+        return False
+    for a in data:
+        es = a.itemsize
+        if (a.dtype not in native.DTYPE_CODES or a.strides[-2] != es
+                or abs(a.strides[-1]) < a.shape[-2] * es):
+            return False
+    return True
+
+
+def _planar_run(lib, op: str, src: np.ndarray, dy: np.ndarray | None, w: np.ndarray | None,
+                out: np.ndarray, geom: ConvGeometry, threads: int) -> np.ndarray:
+    """The planar depthwise kernels over the channels, ranges of them per thread (each
+    channel's result summed and written by one thread, in a fixed order)."""
+    k3, s3, d3, p3 = (native._pad3(geom.kernel, 1), native._pad3(geom.strides, 1),
+                      native._pad3(geom.dilations, 1), native._pad3(geom.pads_begin, 0))
+    l3, m3 = native._pad3(geom.in_sizes, 1), native._pad3(geom.out_sizes, 1)
+    ntap = math.prod(geom.kernel)
+    wp = None
+    if op == "dgrad":
+        wp = np.ascontiguousarray(w.reshape(ntap, geom.c), np.float32)
+        odt, ost = native.DTYPE_CODES[out.dtype], native._tensor(out).stride
+    else:
+        odt, ost = 0, (0,) * 5
+    prob = _Planar(native._tensor(src), native._tensor(dy if dy is not None else src),
+                   out.ctypes.data, odt, (_I64 * 5)(*ost),
+                   wp.ctypes.data if wp is not None else None, geom.n, geom.c,
+                   (_I64 * 3)(*l3), (_I64 * 3)(*m3), (_I64 * 3)(*k3), (_I64 * 3)(*s3),
+                   (_I64 * 3)(*d3), (_I64 * 3)(*p3))
+    pp = ctypes.addressof(prob)
+    need = int(lib.cg_planar_scratch(pp))
+    fn = lib.cg_planar_wgrad_run if op == "wgrad" else lib.cg_planar_dgrad_run
+
+    def run(lo, hi):
+        buf = scratch("grouped-scratch", (need,), np.float32, zero=False)
+        fn(pp, lo, hi, buf.ctypes.data)
+    _pool.run_ranges(run, geom.c, threads)
+    del prob, wp
+    return out
 
 
 def _phase_terms(geom: ConvGeometry) -> int:

@@ -1152,3 +1152,294 @@ void cg_dw_dgrad_run(const DwDgradProblem* P, int64_t lo, int64_t hi) {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Planar depthwise gradients (channels-first callers)
+//
+// A depthwise layer (one channel per group, multiplier 1) whose tensors keep each
+// channel's pixels together (NCX: unit stride along w, channels far apart) is one
+// small 2-D (1-D, 3-D) problem per channel plane.  Each plane is read once, in
+// memory order (one stream the hardware prefetchers follow), with vectors along w:
+// no conversion into channels-last lines, which cost the line kernels most of their
+// time here (96 channel runs per line, each in another place).  A stride along w is
+// split into phases (x[j * s + r] for phase r), so every tap is a unit-stride sweep
+// over the range of positions where it reads the input (padding never multiplied).
+
+extern "C" {
+
+struct PlanarProblem {
+    Tensor src;                // wgrad: x (n, d, h, w, c); dgrad: dy
+    Tensor dy;                 // wgrad: dy; dgrad: unused
+    void* out;                 // dgrad: dx (out_dtype, ostride); wgrad: dw float32 (*K, C)
+    int64_t out_dtype;
+    int64_t ostride[5];        // dx strides (n, d, h, w, c), elements
+    const float* W;            // dgrad: weights float32 (*K, C)
+    int64_t N, C, L[3], M[3], K[3], s[3], d[3], pb[3];
+};
+
+int64_t cg_planar_scratch(const PlanarProblem* P);
+void cg_planar_wgrad_run(const PlanarProblem* P, int64_t c0, int64_t c1, float* scratch);
+void cg_planar_dgrad_run(const PlanarProblem* P, int64_t c0, int64_t c1, float* scratch);
+
+}  // extern "C"
+
+namespace {
+
+inline float hsum(vf v) {
+    float s = 0.0f;
+    for (int i = 0; i < VL; i++) s += v[i];
+    return s;
+}
+
+// sum over [a, b) of p[i] * q[i] into acc (two accumulators, then one).
+inline vf dot_range(vf acc, const float* p, const float* q, int64_t a, int64_t b) {
+    vf acc2 = zero();
+    int64_t i = a;
+    for (; i + 2 * VL <= b; i += 2 * VL) {
+        acc += load(p + i) * load(q + i);
+        acc2 += load(p + i + VL) * load(q + i + VL);
+    }
+    for (; i + VL <= b; i += VL) acc += load(p + i) * load(q + i);
+    if (i < b) acc += load_n(p + i, (int)(b - i)) * load_n(q + i, (int)(b - i));
+    return acc + acc2;
+}
+
+// o[i] += wv * q[i] for i in [a, b).
+inline void axpy_range(float* o, vf wv, const float* q, int64_t a, int64_t b) {
+    int64_t i = a;
+    for (; i + VL <= b; i += VL) store(o + i, load(o + i) + wv * load(q + i));
+    if (i < b) {
+        const int n = (int)(b - i);
+        store_n(o + i, load_n(o + i, n) + wv * load_n(q + i, n), n);
+    }
+}
+
+// The row (n, d, h) of channel c of t as floats: in place when float32 with unit w
+// stride, else converted into buf.
+inline const float* plane_row(const Tensor& t, int64_t n, int64_t d, int64_t h, int64_t c,
+                              int64_t W, float* buf) {
+    const char* p = at(t, n, d, h, 0, c);
+    if (t.dtype == F32 && t.stride[3] == 1) return (const float*)p;
+    convert_run(buf, p, t.dtype, t.stride[3], W);
+    return buf;
+}
+
+inline int64_t phase_len(int64_t L, int64_t s) { return (L + s - 1) / s + VL; }
+
+typedef int32_t vi32 __attribute__((vector_size(VL * 4)));
+
+template <int... I>
+constexpr vi32 interleave_mask(std::integer_sequence<int, I...>, int half) {
+    return vi32{((I % 2) ? (I / 2 + half + VL) : (I / 2 + half))...};
+}
+
+// row[2j] = even[j], row[2j + 1] = odd[j] for 2j (+ 1) < L (both phases readable
+// a vector beyond their ends).
+inline void interleave2(float* row, const float* even, const float* odd, int64_t L) {
+    constexpr vi32 lo = interleave_mask(std::make_integer_sequence<int, VL>{}, 0);
+    constexpr vi32 hi = interleave_mask(std::make_integer_sequence<int, VL>{}, VL / 2);
+    int64_t j = 0;
+    for (; 2 * (j + VL) <= L; j += VL) {
+        const vf a = load(even + j), b = load(odd + j);
+        store(row + 2 * j, __builtin_shuffle(a, b, lo));
+        store(row + 2 * j + VL, __builtin_shuffle(a, b, hi));
+    }
+    for (int64_t i = 2 * j; i < L; i++) row[i] = (i & 1) ? odd[i >> 1] : even[i >> 1];
+}
+
+}  // namespace
+
+int64_t cg_planar_scratch(const PlanarProblem* P) {
+    const int64_t sw = P->s[2], W = std::max(P->L[2], P->M[2]);
+    const int64_t ntap = P->K[0] * P->K[1] * P->K[2];
+    return (3 + P->K[0] * P->K[1]) * (W + VL) + sw * phase_len(W, sw) + ntap * VL + 3 * VL;
+}
+
+// dw[t, c] for the channels [c0, c1): per channel, every (x row, dy row, tap) term
+// of every sample in order (a fixed order: the result does not depend on threads).
+void cg_planar_wgrad_run(const PlanarProblem* P, int64_t c0, int64_t c1, float* scratch) {
+    const int64_t Lw = P->L[2], Mw = P->M[2], sw = P->s[2], Kw = P->K[2];
+    const int64_t ntap = P->K[0] * P->K[1] * Kw, plen = phase_len(Lw, sw);
+    float* xbuf = scratch;
+    float* ybuf = xbuf + Lw + VL;
+    float* phases = ybuf + Mw + VL;
+    // accumulators (aligned for vf)
+    vf* acc = (vf*)(((uintptr_t)(phases + sw * plen) + 63) & ~(uintptr_t)63);
+    std::vector<int64_t> ka(Kw), kb(Kw), kr(Kw), kq(Kw);
+    for (int64_t kw = 0; kw < Kw; kw++) {
+        const int64_t off = kw * P->d[2] - P->pb[2];
+        kr[kw] = ((off % sw) + sw) % sw;
+        kq[kw] = (off - kr[kw]) / sw;
+        valid_range(Mw, sw, off, Lw, ka[kw], kb[kw]);
+    }
+    float* dw = (float*)P->out;
+    for (int64_t c = c0; c < c1; c++) {
+        for (int64_t t = 0; t < ntap; t++) acc[t] = zero();
+        for (int64_t n = 0; n < P->N; n++)
+            for (int64_t od = 0; od < P->M[0]; od++)
+                for (int64_t oh = 0; oh < P->M[1]; oh++) {
+                    const float* dyr = plane_row(P->dy, n, od, oh, c, Mw, ybuf);
+                    for (int64_t kd = 0; kd < P->K[0]; kd++) {
+                        const int64_t id = od * P->s[0] + kd * P->d[0] - P->pb[0];
+                        if (id < 0 || id >= P->L[0]) continue;
+                        for (int64_t kh = 0; kh < P->K[1]; kh++) {
+                            const int64_t ih = oh * P->s[1] + kh * P->d[1] - P->pb[1];
+                            if (ih < 0 || ih >= P->L[1]) continue;
+                            const float* xr = plane_row(P->src, n, id, ih, c, Lw, xbuf);
+                            if (sw > 1) {
+                                for (int64_t r = 0; r < sw; r++) {
+                                    float* ph = phases + r * plen;
+                                    for (int64_t j = 0; j * sw + r < Lw; j++) ph[j] = xr[j * sw + r];
+                                }
+                            }
+                            const int64_t t0 = (kd * P->K[1] + kh) * Kw;
+                            for (int64_t kw = 0; kw < Kw; kw++) {
+                                if (kb[kw] <= ka[kw]) continue;
+                                // x[(ow + q) * sw + r] = phase r at ow + q
+                                const float* base = sw > 1 ? phases + kr[kw] * plen + kq[kw]
+                                                           : xr + kq[kw];
+                                acc[t0 + kw] = dot_range(acc[t0 + kw], base, dyr, ka[kw], kb[kw]);
+                            }
+                        }
+                    }
+                }
+        for (int64_t t = 0; t < ntap; t++) dw[t * P->C + c] = hsum(acc[t]);
+    }
+}
+
+// dx rows of the channels [c0, c1): per dx row and w phase, every output vector sums
+// all its (dy row, tap) terms in registers and is stored once (the few pixels at the
+// ends, where some taps would read padding, one by one over their valid taps); the
+// phases are interleaved into the row, written once in its dtype.
+void cg_planar_dgrad_run(const PlanarProblem* P, int64_t c0, int64_t c1, float* scratch) {
+    const int64_t Lw = P->L[2], Mw = P->M[2], sw = P->s[2], Kw = P->K[2];
+    const int64_t plen = phase_len(Lw, sw);
+    float* row = scratch;
+    float* ybuf = row + Lw + VL;                        // converted dy rows (K[0]*K[1] of them)
+    const int64_t nkh = P->K[0] * P->K[1];
+    float* phases = ybuf + nkh * (Mw + VL);
+    const int64_t es = P->out_dtype == F32 ? 4 : 2;
+    // per phase r: its taps kw (dy offset e: iw = j*sw + r reads dy[j + e]), valid j
+    // ranges, and the interior [lo, hi) where all of them are valid
+    std::vector<int64_t> tk, te, ta, tb, tfirst(sw + 1), lo(sw), hi(sw), nj(sw);
+    for (int64_t r = 0; r < sw; r++) {
+        tfirst[r] = (int64_t)tk.size();
+        nj[r] = (Lw - r + sw - 1) / sw;
+        lo[r] = 0, hi[r] = nj[r];
+        for (int64_t kw = 0; kw < Kw; kw++) {
+            const int64_t num = r + P->pb[2] - kw * P->d[2];
+            if (((num % sw) + sw) % sw) continue;
+            const int64_t e = num / sw;
+            const int64_t a = std::max<int64_t>(0, -e), b = std::min<int64_t>(nj[r], Mw - e);
+            if (b <= a) continue;
+            tk.push_back(kw), te.push_back(e), ta.push_back(a), tb.push_back(b);
+            lo[r] = std::max(lo[r], a), hi[r] = std::min(hi[r], b);
+        }
+        hi[r] = std::max(hi[r], lo[r]);
+    }
+    tfirst[sw] = (int64_t)tk.size();
+    std::vector<const float*> rows_(nkh);
+    std::vector<int64_t> rt0(nkh);
+    std::vector<float> wv(nkh * std::max<int64_t>(1, Kw));
+    // per axis (d, h) and dx index i: the (tap, dy index) pairs that reach it
+    // (tables: no divisions per row)
+    std::vector<int64_t> first[2], tap[2], src[2];
+    for (int ax = 0; ax < 2; ax++) {
+        first[ax].assign(P->L[ax] + 1, 0);
+        for (int64_t i = 0; i < P->L[ax]; i++) {
+            first[ax][i] = (int64_t)tap[ax].size();
+            for (int64_t k = 0; k < P->K[ax]; k++) {
+                const int64_t num = i + P->pb[ax] - k * P->d[ax];
+                if (num < 0 || num % P->s[ax] || num / P->s[ax] >= P->M[ax]) continue;
+                tap[ax].push_back(k), src[ax].push_back(num / P->s[ax]);
+            }
+        }
+        first[ax][P->L[ax]] = (int64_t)tap[ax].size();
+    }
+    for (int64_t c = c0; c < c1; c++)
+        for (int64_t n = 0; n < P->N; n++)
+            for (int64_t id = 0; id < P->L[0]; id++)
+                for (int64_t ih = 0; ih < P->L[1]; ih++) {
+                    // the dy rows reaching this dx row, and their taps' weights
+                    int64_t nr = 0;
+                    for (int64_t a = first[0][id]; a < first[0][id + 1]; a++)
+                        for (int64_t b = first[1][ih]; b < first[1][ih + 1]; b++) {
+                            rows_[nr] = plane_row(P->src, n, src[0][a], src[1][b], c, Mw,
+                                                  ybuf + nr * (Mw + VL));
+                            rt0[nr] = (tap[0][a] * P->K[1] + tap[1][b]) * Kw;
+                            nr++;
+                        }
+                    for (int64_t r = 0; r < sw; r++) {
+                        float* o = sw > 1 ? phases + r * plen : row;
+                        const int64_t f0 = tfirst[r], f1 = tfirst[r + 1], nt = f1 - f0;
+                        if (nr == 0 || nt == 0) {
+                            std::memset(o, 0, nj[r] * sizeof(float));
+                            continue;
+                        }
+                        for (int64_t q = 0; q < nr; q++)
+                            for (int64_t i = 0; i < nt; i++)
+                                wv[q * nt + i] = P->W[(rt0[q] + tk[f0 + i]) * P->C + c];
+                        // the ends: each pixel over the taps valid for it
+                        auto one = [&](int64_t j) {
+                            float sum = 0.0f;
+                            for (int64_t q = 0; q < nr; q++)
+                                for (int64_t i = 0; i < nt; i++)
+                                    if (j >= ta[f0 + i] && j < tb[f0 + i])
+                                        sum += wv[q * nt + i] * rows_[q][j + te[f0 + i]];
+                            o[j] = sum;
+                        };
+                        for (int64_t j = 0; j < std::min(lo[r], nj[r]); j++) one(j);
+                        int64_t j = lo[r];
+                        // four vectors at a time: independent accumulators (one would
+                        // wait on each FMA's latency)
+                        for (; j + 4 * VL <= hi[r]; j += 4 * VL) {
+                            vf a0 = zero(), a1 = zero(), a2 = zero(), a3 = zero();
+                            for (int64_t q = 0; q < nr; q++) {
+                                const float* yr = rows_[q] + j;
+                                for (int64_t i = 0; i < nt; i++) {
+                                    const vf wb = bcast(wv[q * nt + i]);
+                                    const float* y = yr + te[f0 + i];
+                                    a0 += wb * load(y);
+                                    a1 += wb * load(y + VL);
+                                    a2 += wb * load(y + 2 * VL);
+                                    a3 += wb * load(y + 3 * VL);
+                                }
+                            }
+                            store(o + j, a0);
+                            store(o + j + VL, a1);
+                            store(o + j + 2 * VL, a2);
+                            store(o + j + 3 * VL, a3);
+                        }
+                        for (; j + VL <= hi[r]; j += VL) {
+                            vf acc = zero();
+                            for (int64_t q = 0; q < nr; q++) {
+                                const float* yr = rows_[q] + j;
+                                for (int64_t i = 0; i < nt; i++)
+                                    acc += bcast(wv[q * nt + i]) * load(yr + te[f0 + i]);
+                            }
+                            store(o + j, acc);
+                        }
+                        if (j < hi[r]) {
+                            const int m = (int)(hi[r] - j);
+                            vf acc = zero();
+                            for (int64_t q = 0; q < nr; q++)
+                                for (int64_t i = 0; i < nt; i++)
+                                    acc += bcast(wv[q * nt + i]) *
+                                           load_n(rows_[q] + j + te[f0 + i], m);
+                            store_n(o + j, acc, m);
+                        }
+                        for (int64_t jj = std::max(hi[r], lo[r]); jj < nj[r]; jj++) one(jj);
+                    }
+                    if (sw == 2) {
+                        interleave2(row, phases, phases + plen, Lw);
+                    } else if (sw > 1) {
+                        for (int64_t r = 0; r < sw; r++) {
+                            const float* ph = phases + r * plen;
+                            for (int64_t j = 0; j < nj[r]; j++) row[j * sw + r] = ph[j];
+                        }
+                    }
+                    char* dst = (char*)P->out + es * (n * P->ostride[0] + id * P->ostride[1] +
+                                                      ih * P->ostride[2] + c * P->ostride[4]);
+                    store_run(dst, P->out_dtype, P->ostride[3], row, Lw);
+                }
+}
