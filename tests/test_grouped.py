@@ -202,6 +202,7 @@ def test_channels_first_depthwise_gradients_planar(isa, name, rng, monkeypatch):
     planar = grouped._planar_run
     monkeypatch.setattr(grouped, "_planar_run", lambda *a: taken.append(a[1]) or planar(*a))
     monkeypatch.setattr(grouped, "PLANAR_MIN_WIDTH", 1)
+    monkeypatch.setattr(grouped, "PLANAR_DGRAD_MIN_WIDTH", 1)
     for dtype in (np.float32, np.float16, bfloat16):
         check(CASES[name], rng, isa=isa, channels_last=False, dtype=dtype, threads=2)
     assert sorted(taken) == ["dgrad"] * 3 + ["wgrad"] * 3
@@ -224,6 +225,7 @@ def test_planar_gradients_never_multiply_padding(isa, stride, monkeypatch):
     tap 0 reads x[-1] stays out of tap 0's weight gradient; a NaN weight stays out of
     the dx pixels whose tap reads outside dy."""
     monkeypatch.setattr(grouped, "PLANAR_MIN_WIDTH", 1)
+    monkeypatch.setattr(grouped, "PLANAR_DGRAD_MIN_WIDTH", 1)
     W = 21
     M = (W + 2 - 3) // stride + 1
     x = np.ones((1, 2, W), np.float32)

@@ -1204,6 +1204,43 @@ inline vf dot_range(vf acc, const float* p, const float* q, int64_t a, int64_t b
     return acc + acc2;
 }
 
+// acc[k] += sum over [lo, hi) of base[k][i] * dy[i] for the KW taps of one row pair,
+// dy loaded once for all of them, two vectors at a time (independent accumulators).
+template <int KW>
+void taps_range(vf* acc, const float* const* base, const float* dy, int64_t lo, int64_t hi) {
+    vf a[KW], b[KW];
+#pragma GCC unroll 8
+    for (int k = 0; k < KW; k++) a[k] = acc[k], b[k] = zero();
+    int64_t j = lo;
+    for (; j + 2 * VL <= hi; j += 2 * VL) {
+        const vf d0 = load(dy + j), d1 = load(dy + j + VL);
+#pragma GCC unroll 8
+        for (int k = 0; k < KW; k++) {
+            a[k] += load(base[k] + j) * d0;
+            b[k] += load(base[k] + j + VL) * d1;
+        }
+    }
+    for (; j + VL <= hi; j += VL) {
+        const vf d0 = load(dy + j);
+#pragma GCC unroll 8
+        for (int k = 0; k < KW; k++) a[k] += load(base[k] + j) * d0;
+    }
+    if (j < hi) {
+        const int m = (int)(hi - j);
+        const vf d0 = load_n(dy + j, m);
+#pragma GCC unroll 8
+        for (int k = 0; k < KW; k++) a[k] += load_n(base[k] + j, m) * d0;
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < KW; k++) acc[k] = a[k] + b[k];
+}
+
+typedef void (*taps_fn)(vf*, const float* const*, const float*, int64_t, int64_t);
+constexpr int TAPS_MAX = 8;
+constexpr taps_fn TAPS_FNS[TAPS_MAX + 1] = {nullptr,         &taps_range<1>, &taps_range<2>,
+                                            &taps_range<3>, &taps_range<4>, &taps_range<5>,
+                                            &taps_range<6>, &taps_range<7>, &taps_range<8>};
+
 // o[i] += wv * q[i] for i in [a, b).
 inline void axpy_range(float* o, vf wv, const float* q, int64_t a, int64_t b) {
     int64_t i = a;
@@ -1233,6 +1270,24 @@ constexpr vi32 interleave_mask(std::integer_sequence<int, I...>, int half) {
     return vi32{((I % 2) ? (I / 2 + half + VL) : (I / 2 + half))...};
 }
 
+template <int... I>
+constexpr vi32 deinterleave_mask(std::integer_sequence<int, I...>, int phase) {
+    return vi32{(2 * I + phase)...};
+}
+
+// even[j] = row[2j], odd[j] = row[2j + 1] for 2j (+ 1) < L.
+inline void deinterleave2(float* even, float* odd, const float* row, int64_t L) {
+    constexpr vi32 e = deinterleave_mask(std::make_integer_sequence<int, VL>{}, 0);
+    constexpr vi32 o = deinterleave_mask(std::make_integer_sequence<int, VL>{}, 1);
+    int64_t j = 0;
+    for (; 2 * (j + VL) <= L; j += VL) {
+        const vf a = load(row + 2 * j), b = load(row + 2 * j + VL);
+        store(even + j, __builtin_shuffle(a, b, e));
+        store(odd + j, __builtin_shuffle(a, b, o));
+    }
+    for (int64_t i = 2 * j; i < L; i++) ((i & 1) ? odd : even)[i >> 1] = row[i];
+}
+
 // row[2j] = even[j], row[2j + 1] = odd[j] for 2j (+ 1) < L (both phases readable
 // a vector beyond their ends).
 inline void interleave2(float* row, const float* even, const float* odd, int64_t L) {
@@ -1252,7 +1307,7 @@ inline void interleave2(float* row, const float* even, const float* odd, int64_t
 int64_t cg_planar_scratch(const PlanarProblem* P) {
     const int64_t sw = P->s[2], W = std::max(P->L[2], P->M[2]);
     const int64_t ntap = P->K[0] * P->K[1] * P->K[2];
-    return (3 + P->K[0] * P->K[1]) * (W + VL) + sw * phase_len(W, sw) + ntap * VL + 3 * VL;
+    return (3 + P->K[0] * P->K[1]) * (W + VL) + sw * phase_len(W, sw) + ntap * (VL + 1) + 3 * VL;
 }
 
 // dw[t, c] for the channels [c0, c1): per channel, every (x row, dy row, tap) term
@@ -1265,6 +1320,9 @@ void cg_planar_wgrad_run(const PlanarProblem* P, int64_t c0, int64_t c1, float* 
     float* phases = ybuf + Mw + VL;
     // accumulators (aligned for vf)
     vf* acc = (vf*)(((uintptr_t)(phases + sw * plen) + 63) & ~(uintptr_t)63);
+    // the pixels at the ends, summed apart (a lane store into acc would stall its
+    // next vector load)
+    float* edge = (float*)(acc + ntap);
     std::vector<int64_t> ka(Kw), kb(Kw), kr(Kw), kq(Kw);
     for (int64_t kw = 0; kw < Kw; kw++) {
         const int64_t off = kw * P->d[2] - P->pb[2];
@@ -1272,9 +1330,14 @@ void cg_planar_wgrad_run(const PlanarProblem* P, int64_t c0, int64_t c1, float* 
         kq[kw] = (off - kr[kw]) / sw;
         valid_range(Mw, sw, off, Lw, ka[kw], kb[kw]);
     }
+    // the positions where every tap reads the input (one sweep for all of them)
+    int64_t inner_lo = 0, inner_hi = Mw;
+    for (int64_t kw = 0; kw < Kw; kw++)
+        inner_lo = std::max(inner_lo, ka[kw]), inner_hi = std::min(inner_hi, kb[kw]);
+    const bool all_taps = Kw <= TAPS_MAX && inner_hi > inner_lo;
     float* dw = (float*)P->out;
     for (int64_t c = c0; c < c1; c++) {
-        for (int64_t t = 0; t < ntap; t++) acc[t] = zero();
+        for (int64_t t = 0; t < ntap; t++) acc[t] = zero(), edge[t] = 0.0f;
         for (int64_t n = 0; n < P->N; n++)
             for (int64_t od = 0; od < P->M[0]; od++)
                 for (int64_t oh = 0; oh < P->M[1]; oh++) {
@@ -1286,24 +1349,43 @@ void cg_planar_wgrad_run(const PlanarProblem* P, int64_t c0, int64_t c1, float* 
                             const int64_t ih = oh * P->s[1] + kh * P->d[1] - P->pb[1];
                             if (ih < 0 || ih >= P->L[1]) continue;
                             const float* xr = plane_row(P->src, n, id, ih, c, Lw, xbuf);
-                            if (sw > 1) {
+                            if (sw == 2) {
+                                deinterleave2(phases, phases + plen, xr, Lw);
+                            } else if (sw > 1) {
                                 for (int64_t r = 0; r < sw; r++) {
                                     float* ph = phases + r * plen;
                                     for (int64_t j = 0; j * sw + r < Lw; j++) ph[j] = xr[j * sw + r];
                                 }
                             }
                             const int64_t t0 = (kd * P->K[1] + kh) * Kw;
+                            // x[(ow + q) * sw + r] = phase r at ow + q
+                            const float* base[TAPS_MAX];
+                            for (int64_t kw = 0; kw < std::min<int64_t>(Kw, TAPS_MAX); kw++)
+                                base[kw] = sw > 1 ? phases + kr[kw] * plen + kq[kw] : xr + kq[kw];
+                            int64_t lo = 0, hi = 0;
+                            if (all_taps) {
+                                // the positions every tap reads at once, the ends per tap
+                                lo = inner_lo, hi = inner_hi;
+                                TAPS_FNS[Kw](acc + t0, base, dyr, lo, hi);
+                            }
                             for (int64_t kw = 0; kw < Kw; kw++) {
                                 if (kb[kw] <= ka[kw]) continue;
-                                // x[(ow + q) * sw + r] = phase r at ow + q
-                                const float* base = sw > 1 ? phases + kr[kw] * plen + kq[kw]
-                                                           : xr + kq[kw];
-                                acc[t0 + kw] = dot_range(acc[t0 + kw], base, dyr, ka[kw], kb[kw]);
+                                const float* b = kw < TAPS_MAX ? base[kw]
+                                    : (sw > 1 ? phases + kr[kw] * plen + kq[kw] : xr + kq[kw]);
+                                if (hi > lo) {
+                                    // a pixel or two at each end
+                                    float e = 0.0f;
+                                    for (int64_t j = ka[kw]; j < lo; j++) e += b[j] * dyr[j];
+                                    for (int64_t j = hi; j < kb[kw]; j++) e += b[j] * dyr[j];
+                                    edge[t0 + kw] += e;
+                                } else {
+                                    acc[t0 + kw] = dot_range(acc[t0 + kw], b, dyr, ka[kw], kb[kw]);
+                                }
                             }
                         }
                     }
                 }
-        for (int64_t t = 0; t < ntap; t++) dw[t * P->C + c] = hsum(acc[t]);
+        for (int64_t t = 0; t < ntap; t++) dw[t * P->C + c] = hsum(acc[t]) + edge[t];
     }
 }
 
@@ -1410,23 +1492,24 @@ void cg_planar_dgrad_run(const PlanarProblem* P, int64_t c0, int64_t c1, float* 
                             store(o + j + 2 * VL, a2);
                             store(o + j + 3 * VL, a3);
                         }
-                        for (; j + VL <= hi[r]; j += VL) {
-                            vf acc = zero();
+                        if (j < hi[r]) {
+                            // the last up to four vectors, the last ones partial or empty
+                            int nk[4];
+                            for (int k = 0; k < 4; k++)
+                                nk[k] = (int)std::max<int64_t>(0, std::min<int64_t>(VL, hi[r] - j - k * VL));
+                            vf a[4] = {zero(), zero(), zero(), zero()};
                             for (int64_t q = 0; q < nr; q++) {
                                 const float* yr = rows_[q] + j;
-                                for (int64_t i = 0; i < nt; i++)
-                                    acc += bcast(wv[q * nt + i]) * load(yr + te[f0 + i]);
+                                for (int64_t i = 0; i < nt; i++) {
+                                    const vf wb = bcast(wv[q * nt + i]);
+                                    const float* y = yr + te[f0 + i];
+#pragma GCC unroll 4
+                                    for (int k = 0; k < 4; k++)
+                                        if (nk[k] > 0) a[k] += wb * load_n(y + k * VL, nk[k]);
+                                }
                             }
-                            store(o + j, acc);
-                        }
-                        if (j < hi[r]) {
-                            const int m = (int)(hi[r] - j);
-                            vf acc = zero();
-                            for (int64_t q = 0; q < nr; q++)
-                                for (int64_t i = 0; i < nt; i++)
-                                    acc += bcast(wv[q * nt + i]) *
-                                           load_n(rows_[q] + j + te[f0 + i], m);
-                            store_n(o + j, acc, m);
+                            for (int k = 0; k < 4; k++)
+                                if (nk[k] > 0) store_n(o + j + k * VL, a[k], nk[k]);
                         }
                         for (int64_t jj = std::max(hi[r], lo[r]); jj < nj[r]; jj++) one(jj);
                     }
