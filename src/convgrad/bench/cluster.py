@@ -71,9 +71,18 @@ def process_peak() -> dict:
     return {"peak": proc_status("VmHWM"), "rss": proc_status("VmRSS")}
 
 
+def _reset_worker_peak() -> int:
+    # result buffers an earlier computation left in the worker's pool (D25) would
+    # serve this one's results without a rise of the peak: released first
+    from ..kernels import _results
+    _results.clear()
+    return reset_process_peak()
+
+
 def reset_peaks(client) -> dict[str, int]:
-    """Reset every worker's peak RSS; return each worker's RSS (the baseline)."""
-    return client.run(reset_process_peak)
+    """Release every worker's idle result buffers and reset its peak RSS; return each
+    worker's RSS (the baseline)."""
+    return client.run(_reset_worker_peak)
 
 
 def peaks(client) -> dict[str, dict]:
