@@ -166,6 +166,35 @@ def test_channels_last_depthwise_gradients_stream(isa, name, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_data_gradient_streams_into_recycled_results(isa, stride, rng,
+                                                              monkeypatch):
+    """A large channels-last depthwise data gradient whose result memory comes back from
+    the pool (its pages mapped) is written with streaming stores, whole cache lines at a
+    time, partial pixel blocks and padded edges included; a fresh result is not."""
+    from convgrad.kernels import _results
+    monkeypatch.setattr(grouped, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(_results, "MIN_BYTES", 0)
+    decided = []
+    real = grouped._streams_dx
+    monkeypatch.setattr(grouped, "_streams_dx", lambda dx, vl: decided.append(real(dx, vl))
+                        or decided[-1])
+    c = case(2, groups=64, cg=1, og=1, size=(13, 23), k=3, s=stride, pb=1, pe=(0, 1), n=2)
+    _, w, dy = make_arrays(c, rng, np.float32, True)
+    args = dict(strides=c["strides"], dilations=c["dilations"], pads_begin=c["pads_begin"],
+                groups=c["groups"])
+    want = naive.dgrad(np.asarray(w, np.float64), np.asarray(dy, np.float64), c["in_sizes"],
+                       **args)
+    _results.clear()
+    with convgrad.config(algo="grouped", isa=isa, threads=2):
+        for _ in range(3):
+            dx = convgrad.conv_data_grad(w, dy, (2, 64, 13, 23), **kwargs(c))
+            assert_close(dx, want, np.float32)
+            del dx
+    assert decided == [False, True, True]
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_streamed_gradients_never_multiply_padding(isa):
     """The streaming depthwise kernels' edge pixels skip the taps that read padding: a
     NaN in dy where tap 0 reads x[-1] stays out of that tap's gradient, a NaN weight out

@@ -31,7 +31,7 @@ import numpy as np
 
 from .. import settings
 from ..geometry import ConvGeometry
-from . import _pool, native
+from . import _pool, _results, native
 from ._blas import scratch
 
 # Per-thread scratch target: packed source lines (kept while the tiles of the
@@ -45,6 +45,8 @@ WGRAD_CHUNKS = 16
 PARTIALS_BYTES = 8 * 2**20
 # Below this many bytes moved, one thread is faster than waking the others.
 SERIAL_BYTES = 256 * 2**10
+# Depthwise data gradients this large write dx with streaming stores (_streams_dx).
+STREAM_MIN_BYTES = 4 * 2**20
 # Vector registers left to the compiler beyond a tile's accumulators, weights and
 # source vector (fewer: it spills the accumulators).
 REG_MARGIN = 0
@@ -79,7 +81,8 @@ class _DwWgrad(ctypes.Structure):
 class _DwDgrad(ctypes.Structure):
     _fields_ = [("dy", native._Tensor), ("dx", _VP), ("ostride", _I64 * 4), ("N", _I64),
                 ("L", _I64 * 3), ("M", _I64 * 3), ("C", _I64), ("K", _I64 * 3),
-                ("s", _I64 * 3), ("d", _I64 * 3), ("pb", _I64 * 3), ("w", _VP)]
+                ("s", _I64 * 3), ("d", _I64 * 3), ("pb", _I64 * 3), ("w", _VP),
+                ("stream", _I64)]
 
 
 class _Planar(ctypes.Structure):
@@ -688,13 +691,25 @@ def _depthwise_dgrad(lib, vl: int, w: np.ndarray, dy: np.ndarray, dx: np.ndarray
     ostride = [st[0]] + [0] * (4 - len(st)) + st[1:]
     prob = _DwDgrad(native._tensor(dy), dx.ctypes.data, (_I64 * 4)(*ostride), geom.n,
                     (_I64 * 3)(*l3), (_I64 * 3)(*m3), geom.c, (_I64 * 3)(*k3),
-                    (_I64 * 3)(*s3), (_I64 * 3)(*d3), (_I64 * 3)(*p3), wp.ctypes.data)
+                    (_I64 * 3)(*s3), (_I64 * 3)(*d3), (_I64 * 3)(*p3), wp.ctypes.data,
+                    int(_streams_dx(dx, vl)))
     pp = ctypes.addressof(prob)
     lines = geom.n * l3[0] * l3[1]
     _pool.run_ranges(lambda lo, hi: lib.cg_dw_dgrad_run(pp, lo, hi), lines,
                      _threads(dy.nbytes + dx.nbytes))
     del prob, wp
     return dx
+
+
+def _streams_dx(dx: np.ndarray, vl: int) -> bool:
+    """Whether the streaming depthwise data gradient writes ``dx`` with streaming
+    stores: a large result (beyond the caches' share of it) in recycled memory
+    (``_results.recycled``), every pixel's channels whole cache lines, aligned.
+    MobileNetV2's stride-1 depthwise data gradient (14.5 MB): 1.6-2x against plain
+    stores, which read every dx line before writing it."""
+    return (dx.nbytes >= STREAM_MIN_BYTES and _results.recycled(dx)
+            and dx.ctypes.data % 64 == 0 and all(s % 64 == 0 for s in dx.strides[:-1])
+            and (dx.shape[-1] * 4) % max(64, 8 * vl) == 0)
 
 
 def _budget_partials() -> int:

@@ -993,6 +993,7 @@ struct DwDgradProblem {
     int64_t N, L[3], M[3], C;
     int64_t K[3], s[3], d[3], pb[3];
     const float* w;            // [tap][LP] float32 (LP: C rounded up to whole vectors)
+    int64_t stream;            // write dx with streaming stores (see cg_dw_dgrad_run)
 };
 
 int64_t cg_dw_dgrad_terms(void);
@@ -1049,6 +1050,167 @@ void dwd_pass(const float* const* b, const int64_t* off, const float* const* w, 
         if (TAIL) store_n(out + qq * ostep, acc, nl);
         else store(out + qq * ostep, acc);
     }
+}
+
+// Pixel blocks: R dx pixels of one phase x NV vectors of channels (a whole cache line
+// of them when NV * VL * 4 = 64 bytes), summed over the nt terms (dy row, tap) with
+// every term inside dy for all R pixels; the weights are loaded per term (they no
+// longer fit in registers across the channels), the dy pixels from L1.  Every dx
+// line is written whole, a pixel's channels at once: with streaming stores (STREAM)
+// it goes to memory without being read first.
+// A run of M terms on one dy row whose offsets fall by one from term to term (taps
+// kw, kw + 1, ... at dilation 1 and stride 1): the R + M - 1 dy pixels they read are
+// loaded once each and meet every tap there.
+template <int R, int NV, int M, bool TAIL>
+CG_INLINE void dwd_run(vf (&acc)[R][NV], const float* p, const float* const* wk, int64_t ypix,
+                       int64_t c, int nl) {
+    vf wv[M][NV];
+#pragma GCC unroll 8
+    for (int t = 0; t < M; t++)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) wv[t][v] = lane_load<TAIL>(wk[t] + c + v * VL, nl);
+#pragma GCC unroll 16
+    for (int j = 0; j < R + M - 1; j++) {
+        vf x[NV];
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) x[v] = lane_load<TAIL>(p + j * ypix + v * VL, nl);
+#pragma GCC unroll 8
+        for (int t = 0; t < M; t++) {
+            const int i = j - (M - 1 - t);
+            if (i < 0 || i >= R) continue;
+#pragma GCC unroll 2
+            for (int v = 0; v < NV; v++) acc[i][v] += x[v] * wv[t][v];
+        }
+    }
+}
+
+// The terms of a phase grouped into runs of m terms each (dwd_run): run r starts at
+// term first[r], its lowest dy offset lowest[r].  Runs of unequal lengths are cut
+// into single terms: one length keeps the block's accumulators in registers.
+struct DwdRuns {
+    int n = 0, m = 1;
+    int first[DWD_TERMS];
+    int64_t lowest[DWD_TERMS];
+};
+
+constexpr int DWD_RUN_MAX = 4;
+
+inline void dwd_runs(const float* const* b, const int64_t* off, int nt, DwdRuns& runs) {
+    int len[DWD_TERMS], n = 0;
+    bool same = true;
+    for (int k = 0; k < nt;) {
+        int m = 1;
+        while (k + m < nt && m < DWD_RUN_MAX && b[k + m] == b[k] && off[k + m] == off[k] - m) m++;
+        runs.first[n] = k, len[n] = m, runs.lowest[n] = off[k + m - 1];
+        same = same && m == len[0];
+        n++;
+        k += m;
+    }
+    runs.n = n, runs.m = n > 0 ? len[0] : 1;
+    if (!same) {
+        for (int k = 0; k < nt; k++) runs.first[k] = k, runs.lowest[k] = off[k];
+        runs.n = nt, runs.m = 1;
+    }
+}
+
+// Pixel blocks: R dx pixels of one phase x NV vectors of channels (a whole cache line
+// of them when NV * VL * 4 = 64 bytes), summed over the runs of M terms (dy row, tap),
+// every term inside dy for all R pixels; the weights are loaded per run (they no
+// longer fit in registers across the channels), the dy pixels from L1.  Every dx
+// line is written whole, a pixel's channels at once: with streaming stores (STREAM)
+// it goes to memory without being read first.
+template <int R, int NV, int M, bool TAIL, bool STREAM>
+CG_INLINE void dwd_block(const float* const* b, const float* const* wk, const DwdRuns& runs,
+                         int64_t ypix, int64_t q0, int64_t c, float* out, int64_t ostep,
+                         int nl) {
+    vf acc[R][NV];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) acc[i][v] = zero();
+    for (int r = 0; r < runs.n; r++) {
+        const int k = runs.first[r];
+        dwd_run<R, NV, M, TAIL>(acc, b[k] + (q0 + runs.lowest[r]) * ypix + c, wk + k, ypix, c,
+                                nl);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) {
+            float* o = out + i * ostep + c + v * VL;
+            if (TAIL) store_n(o, acc[i][v], nl);
+            else if (STREAM) stream_store(o, acc[i][v]);
+            else store(o, acc[i][v]);
+        }
+}
+
+// The dx pixels [q0, q1) of one phase (all channels), R at a time where every term
+// reads inside dy, one at a time (skipping the terms outside) elsewhere.
+template <int M, bool STREAM>
+void dwd_blocks(const float* const* b, const int64_t* off, const float* const* wk, int nt,
+                const DwdRuns& runs, int64_t ypix, int64_t Q, int64_t Mw, int64_t C,
+                float* out, int64_t ostep, Streamer& pf) {
+    constexpr int R = 4, NB = 2 * VL;
+    const int64_t pairs = C / NB * NB, full = C / VL * VL;
+    const int tail = (int)(C - full);
+    int64_t lo = 0, hi = Q;
+    for (int k = 0; k < nt; k++) {
+        lo = std::max(lo, -off[k]);
+        hi = std::min(hi, Mw - off[k]);
+    }
+    hi = std::max(lo, hi);
+    auto span = [&](int64_t q0, auto rc) {
+        constexpr int RR = decltype(rc)::value;
+        float* o = out + q0 * ostep;
+        for (int64_t c = 0; c < pairs; c += NB) {
+            pf.step();
+            dwd_block<RR, 2, M, false, STREAM>(b, wk, runs, ypix, q0, c, o, ostep, VL);
+        }
+        if (full > pairs) dwd_block<RR, 1, M, false, false>(b, wk, runs, ypix, q0, pairs, o, ostep, VL);
+        if (tail) dwd_block<RR, 1, M, true, false>(b, wk, runs, ypix, q0, full, o, ostep, tail);
+    };
+    int64_t q = lo;
+    for (; q + R <= hi; q += R) span(q, std::integral_constant<int, R>{});
+    for (; q < hi; q++) span(q, std::integral_constant<int, 1>{});
+    // the pixels where some term reads outside dy
+    const float* bk[DWD_TERMS];
+    const float* wkk[DWD_TERMS];
+    int64_t offk[DWD_TERMS];
+    for (int64_t qq = 0; qq < Q; qq++) {
+        if (qq == lo && hi > lo) qq = hi;
+        if (qq >= Q) break;
+        int m = 0;
+        for (int k = 0; k < nt; k++) {
+            const int64_t pix = qq + off[k];
+            if (pix >= 0 && pix < Mw) bk[m] = b[k], wkk[m] = wk[k], offk[m++] = off[k];
+        }
+        float* o = out + qq * ostep;
+        for (int64_t c = 0; c < full; c += VL) {
+            vf acc = zero();
+            for (int k = 0; k < m; k++)
+                acc += load(bk[k] + (qq + offk[k]) * ypix + c) * load(wkk[k] + c);
+            store(o + c, acc);
+        }
+        if (tail) {
+            vf acc = zero();
+            for (int k = 0; k < m; k++)
+                acc += load_n(bk[k] + (qq + offk[k]) * ypix + full, tail) * load_n(wkk[k] + full, tail);
+            store_n(o + full, acc, tail);
+        }
+    }
+}
+
+typedef void (*dwd_blocks_fn)(const float* const*, const int64_t*, const float* const*, int,
+                              const DwdRuns&, int64_t, int64_t, int64_t, int64_t, float*,
+                              int64_t, Streamer&);
+
+// [(m - 1) * 2 + stream]
+const dwd_blocks_fn* dwd_blocks_table() {
+    static const dwd_blocks_fn t[2 * DWD_RUN_MAX] = {
+        &dwd_blocks<1, false>, &dwd_blocks<1, true>, &dwd_blocks<2, false>,
+        &dwd_blocks<2, true>,  &dwd_blocks<3, false>, &dwd_blocks<3, true>,
+        &dwd_blocks<4, false>, &dwd_blocks<4, true>};
+    return t;
 }
 
 typedef void (*dwd_pass_fn)(const float* const*, const int64_t*, const float* const*, int64_t,
@@ -1115,7 +1277,11 @@ void cg_dw_dgrad_run(const DwDgradProblem* P, int64_t lo, int64_t hi) {
                     pf.add(at(P->dy, n2, next_rows[j][2], next_rows[j][3], 0, 0), 4 * Mw * ypix);
             }
         }
-        pf.per = (int)std::min<int64_t>(8, (pf.lines() + nlv * Lw - 1) / std::max<int64_t>(1, nlv * Lw));
+        // prefetch steps: one per pixel and lane vector (passes), one per block of
+        // pixels and pair of lane vectors (blocks)
+        const int64_t steps = std::max<int64_t>(
+            1, cg_dbg & 32 ? nlv * Lw : (Lw / 4) * std::max<int64_t>(1, C / (2 * VL)));
+        pf.per = (int)std::min<int64_t>(16, (pf.lines() + steps - 1) / steps);
         float* line = P->dx + n * P->ostride[0] + xd * P->ostride[1] + xh * P->ostride[2];
         for (int64_t r = 0; r < sw && r < Lw; r++) {
             const int64_t Q = (Lw - r + sw - 1) / sw;
@@ -1134,6 +1300,13 @@ void cg_dw_dgrad_run(const DwDgradProblem* P, int64_t lo, int64_t hi) {
                 }
             }
             float* out = line + r * opix;
+            if (nt > 0 && !(cg_dbg & 32)) {
+                DwdRuns runs;
+                dwd_runs(b, off, nt, runs);
+                const auto fn = dwd_blocks_table()[(runs.m - 1) * 2 + (P->stream ? 1 : 0)];
+                fn(b, off, wk, nt, runs, ypix, Q, Mw, C, out, sw * opix, pf);
+                continue;
+            }
             for (int64_t lv = 0; lv < nlv; lv++) {
                 const bool t = lv == full;
                 const int nl = t ? tail : VL;
@@ -1151,6 +1324,7 @@ void cg_dw_dgrad_run(const DwDgradProblem* P, int64_t lo, int64_t hi) {
             }
         }
     }
+    if (P->stream) stream_fence();
 }
 
 // ---------------------------------------------------------------------------------------

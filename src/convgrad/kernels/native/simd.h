@@ -61,6 +61,25 @@ static inline vf bcast(float s) {
 }
 static inline vf zero() { return vf{}; }
 
+// A store that bypasses the caches (p aligned to the vector); stream_fence() orders
+// such stores before the thread reports its work done.
+static inline void stream_store(float* p, vf v) {
+#if defined(CG_EMULATE_VL16)
+    store(p, v);
+#elif defined(CG_ISA_AVX512)
+    _mm512_stream_ps(p, (__m512)v);
+#elif defined(CG_ISA_AVX2)
+    _mm256_stream_ps(p, (__m256)v);
+#else
+    _mm_stream_ps(p, (__m128)v);
+#endif
+}
+static inline void stream_fence() {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_sfence();
+#endif
+}
+
 // The first n (< VL) lanes from p; the others are zero.  Never reads past p + n.
 static inline vf load_n(const float* p, int n) {
 #if defined(CG_EMULATE_VL16)
