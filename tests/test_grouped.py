@@ -174,6 +174,7 @@ def test_depthwise_data_gradient_streams_into_recycled_results(isa, stride, rng,
     time, partial pixel blocks and padded edges included; a fresh result is not."""
     from convgrad.kernels import _results
     monkeypatch.setattr(grouped, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(_results, "STREAM_MIN_BYTES", 0)
     monkeypatch.setattr(_results, "MIN_BYTES", 0)
     decided = []
     real = grouped._streams_dx

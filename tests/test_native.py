@@ -163,6 +163,34 @@ def test_results_do_not_depend_on_the_thread_count(rng, monkeypatch):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+def test_streaming_stores_into_recycled_results(isa, rng, monkeypatch):
+    """Forward and data gradient results whose memory comes back from the pool are
+    written with streaming stores where a tile fills whole cache lines and sums >= 128
+    products per output, plain stores elsewhere (here the data gradient's stride phase
+    with one tap: 64 products); the values are the same, and a fresh result is written
+    with plain stores."""
+    from convgrad.kernels import _results
+    monkeypatch.setattr(_results, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(_results, "MIN_BYTES", 0)
+    decided = []
+    real = _results.streams
+    monkeypatch.setattr(_results, "streams", lambda a: decided.append(real(a)) or decided[-1])
+    case = _geometry(2, c=80, o=64, size=15, k=3, s=2, n=2)
+    x, w, dy = make_arrays(case, rng, np.float32, True)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    want = reference_results(case, x, w, dy)
+    _results.clear()
+    with convgrad.config(algo="native", isa=isa):
+        for _ in range(3):
+            y = convgrad.conv_forward(x, w, **kw)
+            dx = convgrad.conv_data_grad(w, dy, x.shape, **kw)
+            assert_close(y, want[0], np.float32)
+            assert_close(dx, want[2], np.float32)
+            del y, dx
+    assert decided == [False, False, True, True, True, True]
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_padding_is_never_an_operand(isa):
     # the NaN tap reads x[p - 1]: padding for p = 0, input for p = 1, 2 (D17)
     x = np.ones((1, 1, 3), np.float32)

@@ -122,6 +122,20 @@ def recycled(a: np.ndarray) -> bool:
     return isinstance(a, Lease) and a.recycled
 
 
+# Results at least this large may be written with streaming stores (streams()).
+STREAM_MIN_BYTES = 4 * 2**20
+
+
+def streams(a: np.ndarray) -> bool:
+    """Whether a kernel may write ``a`` with streaming stores (which skip reading each
+    cache line before it is written, and leave it out of the caches): a large result
+    (beyond what the caches would keep of it) in recycled memory (:func:`recycled`),
+    its base and every stride but the last a multiple of 64 bytes.  The kernels
+    stream only stores that fill whole cache lines."""
+    return (a.nbytes >= STREAM_MIN_BYTES and recycled(a) and a.ctypes.data % 64 == 0
+            and all(s % 64 == 0 for s in a.strides[:-1]))
+
+
 def idle_bytes() -> int:
     """Bytes of the buffers waiting in the pool."""
     return _idle_bytes

@@ -110,7 +110,7 @@ class _Corr(ctypes.Structure):
                 ("phases", ctypes.c_void_p), ("taps", ctypes.c_void_p),
                 ("wpk", ctypes.c_void_p), ("wg", _I64), ("wob", _I64), ("wt", _I64),
                 ("wc", _I64), ("ntap_w", _I64), ("nv", _I64), ("r", _I64),
-                ("ob_group", _I64), ("items", ctypes.c_void_p)]
+                ("ob_group", _I64), ("items", ctypes.c_void_p), ("stream", _I64)]
 
 
 class _Wgrad(ctypes.Structure):
@@ -782,8 +782,9 @@ def _is_packed(a: np.ndarray) -> bool:
 
 
 def _corr(eng: Engine, plan: CorrPlan, inp: np.ndarray, out: np.ndarray, weights,
-          threads: int) -> None:
-    """Run the corr kernel over every work item of ``plan`` (see engine.cpp)."""
+          threads: int, stream: bool = False) -> None:
+    """Run the corr kernel over every work item of ``plan`` (see engine.cpp);
+    ``stream``: ``out`` may be written with streaming stores (``_results.streams``)."""
     if not len(plan.items):
         return
     warr, wg, wob, wt, wc = weights
@@ -795,7 +796,7 @@ def _corr(eng: Engine, plan: CorrPlan, inp: np.ndarray, out: np.ndarray, weights
                  (_I64 * 3)(*plan.lin), plan.cin, plan.cout, plan.groups,
                  (_I64 * 3)(*plan.istep), (_I64 * 3)(*plan.ostep), plan.phases.ctypes.data,
                  plan.taps.ctypes.data, warr.ctypes.data, wg, wob, wt, wc, plan.ntap_w,
-                 plan.nv, plan.rmax, plan.ob_group, plan.items.ctypes.data)
+                 plan.nv, plan.rmax, plan.ob_group, plan.items.ctypes.data, int(stream))
     pp = ctypes.addressof(prob)
 
     n = len(plan.items)
@@ -856,6 +857,8 @@ def _corr_into(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray, geom:
             return out
         # (a recomputation of a few lines reads its input in place)
         inp = _stationary_input(inp, geom, kind, eng.vl)
+    # (decided on the result itself: the flattened views below hide its memory's origin)
+    stream = lines is None and _results.streams(out)
     if lines is None and not (_is_packed(inp) or _is_packed(out)):
         geom, (inp_f, out_f) = _pointwise(geom, inp, out)
     else:
@@ -875,7 +878,7 @@ def _corr_into(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray, geom:
     # panel rows: the correlation's input channels of a group; columns: its outputs
     weights = _weights(eng, w3, rows, cols, srow, scol, og * (w3.strides[2] // es), G,
                        plan.nv, threads)
-    _corr(eng, plan, inp_f, out_f, weights, threads)
+    _corr(eng, plan, inp_f, out_f, weights, threads, stream)
     return out
 
 

@@ -54,7 +54,8 @@ constexpr int corr_blocks(int r, int nv) {
 // Pixels of one tile may come from different lines (they share their taps).
 template <int R, int NV, int B>
 void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t wstride,
-               int64_t wc, int64_t cin, float* const* out, int64_t ochan, int nvalid) {
+               int64_t wc, int64_t cin, float* const* out, int64_t ochan, int nvalid,
+               bool stream) {
     constexpr int NB = NV * VL;
     vf acc[R][B][NV];
 #pragma GCC unroll 64
@@ -85,7 +86,16 @@ void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t
         }
     }
     // nvalid counts the valid channels of all B blocks (only the last may be partial)
-    if (ochan == 1 && nvalid == B * NB) {
+    if (ochan == 1 && nvalid == B * NB && stream) {
+        // (whole cache lines of one pixel, aligned: see CorrProblem::stream)
+#pragma GCC unroll 64
+        for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+            for (int b = 0; b < B; b++)
+#pragma GCC unroll 8
+                for (int v = 0; v < NV; v++)
+                    stream_store(out[i] + b * NB + v * VL, acc[i][b][v]);
+    } else if (ochan == 1 && nvalid == B * NB) {
 #pragma GCC unroll 64
         for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
@@ -107,8 +117,14 @@ void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t
     }
 }
 
+// Tiles summing fewer products per output than this keep plain stores even where
+// streaming ones are allowed: ResNet-50 res2's 1x1 data gradient (64 products) ran
+// level or 1.05-1.1x slower with streaming stores, res3's stride-2 one (128-512 per
+// phase) 1.06-1.10x faster, DCGAN's 4x4 stride-2 one (1024) 1.05x (2 threads).
+constexpr int64_t CORR_STREAM_MIN_SUM = 128;
+
 typedef void (*corr_fn)(int, const float* const*, const float* const*, int64_t, int64_t,
-                        int64_t, float* const*, int64_t, int);
+                        int64_t, float* const*, int64_t, int, bool);
 
 // fns[(R - 1) * BMAX + (B - 1)] for B <= corr_blocks(R, NV), else null
 template <int NV, int K>
@@ -164,10 +180,16 @@ struct CorrProblem {
     const int64_t* items;      // per item: phase, first line, end line (lines of the
                                // phase numbered (n * Ud + ud) * Uh + uh), first and end
                                // output block (of every group)
+    int64_t stream;            // write float32 channels-last output blocks of whole cache
+                               // lines with streaming stores (the caller checked their
+                               // alignment; native.py: _results.streams)
 };
 
 const char* cg_isa(void) { return CG_ISA_NAME; }
 int64_t cg_vector_floats(void) { return VL; }
+// Debug switches for A/B measurements (bit 0: no streaming stores); 0 in use.
+int64_t cg_engine_dbg = 0;
+void cg_engine_set_dbg(int64_t v) { cg_engine_dbg = v; }
 int64_t cg_corr_rmax(int64_t nv) { return nv >= 1 && nv <= 4 ? CORR_RMAX[nv] : 0; }
 
 // Floats of scratch the items [lo, hi) need at most (packing the input).
@@ -259,6 +281,8 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
     // transposed / converted into place line by line
     const bool obuf = P->ostride[4] != 1 || P->out_dtype != F32;
     const int64_t ochan = obuf ? 1 : P->ostride[4];
+    // streaming stores only where a tile's stores fill whole cache lines
+    const bool stream = P->stream && !obuf && NB * 4 % 64 == 0 && !(cg_engine_dbg & 1);
 
     std::vector<int64_t> keys;
     std::vector<LineTaps> lines;
@@ -395,7 +419,8 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                             float* oo[64];
                             for (int i = 0; i < r; i++) oo[i] = optr[i] + ob * NB * ochan;
                             fns[(r - 1) * BMAX + (b - 1)](ntp, xt.data(), wt.data(), P->wob,
-                                                          P->wc, cin_g, oo, ochan, nvalid);
+                                                          P->wc, cin_g, oo, ochan, nvalid,
+                                                          stream && ntp * cin_g >= CORR_STREAM_MIN_SUM);
                             ob += b;
                         }
                     }
@@ -438,6 +463,7 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
             }
         }
     }
+    if (stream) stream_fence();
 }
 
 void cg_corr_run_shared(const CorrProblem* P, int64_t* next, int64_t n, float* scratch) {
