@@ -887,6 +887,97 @@ void dw_pass(const float* xr, int64_t xpix, const float* yr, int64_t ypix, int64
     for (int k = 0; k < KW; k++) store(acc + k * LP, load(acc + k * LP) + s[k]);
 }
 
+// Pixel blocks: R output pixels u0.. x NV lane vectors (a whole cache line of
+// channels when NV * VL * 4 = 64 bytes), the KW taps' sums kept in registers over the
+// block and added into acc once; every x and dy pixel of the block is read whole
+// within a few dozen cycles (the lane-vector passes above came back to each cache
+// line of a row once per vector, from L2).
+template <int R, int KW, int NV, bool TAIL>
+CG_INLINE void dw_block(const float* xp, int64_t xst, int64_t kst, const float* yp,
+                        int64_t ypix, int64_t c, float* acc, int64_t LP, int nl) {
+    vf s[KW][NV];
+#pragma GCC unroll 8
+    for (int k = 0; k < KW; k++)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) s[k][v] = zero();
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        vf dv[NV];
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) dv[v] = lane_load<TAIL>(yp + i * ypix + c + v * VL, nl);
+#pragma GCC unroll 8
+        for (int k = 0; k < KW; k++)
+#pragma GCC unroll 2
+            for (int v = 0; v < NV; v++)
+                s[k][v] += lane_load<TAIL>(xp + i * xst + k * kst + c + v * VL, nl) * dv[v];
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < KW; k++)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) {
+            float* a = acc + k * LP + c + v * VL;
+            store(a, load(a) + s[k][v]);
+        }
+}
+
+// All lane vectors of one x row against one dy row, taps kw0 .. kw0 + KW - 1 (x index
+// u*sw + off + k*dl), in pixel blocks (dw_block) where every tap reads the input, pixel
+// by pixel elsewhere.
+template <int KW>
+void dw_blocks(const float* xr, int64_t xpix, const float* yr, int64_t ypix, int64_t U,
+               int64_t sw, int64_t dl, int64_t off, int64_t Lw, int64_t C, float* acc,
+               int64_t LP, Streamer& pf) {
+    constexpr int R = 4, NB = 2 * VL;
+    const int64_t pairs = C / NB * NB, full = C / VL * VL;
+    const int tail = (int)(C - full);
+    int64_t ca, cb, a_last, b_last;
+    valid_range(U, sw, off, Lw, ca, cb);
+    valid_range(U, sw, off + (KW - 1) * dl, Lw, a_last, b_last);
+    ca = std::max(ca, a_last);              // every tap reads the input on [ca, cb)
+    cb = std::max(ca, std::min(cb, b_last));
+    const int64_t xst = sw * xpix, kst = dl * xpix;
+    auto span = [&](int64_t u0, auto rc) {
+        constexpr int RR = decltype(rc)::value;
+        const float* xp = xr + (u0 * sw + off) * xpix;
+        const float* yp = yr + u0 * ypix;
+        for (int64_t c = 0; c < pairs; c += NB) {
+            pf.step();
+            dw_block<RR, KW, 2, false>(xp, xst, kst, yp, ypix, c, acc, LP, VL);
+        }
+        if (full > pairs) dw_block<RR, KW, 1, false>(xp, xst, kst, yp, ypix, pairs, acc, LP, VL);
+        if (tail) dw_block<RR, KW, 1, true>(xp, xst, kst, yp, ypix, full, acc, LP, tail);
+    };
+    int64_t u = ca;
+    for (; u + R <= cb; u += R) span(u, std::integral_constant<int, R>{});
+    for (; u < cb; u++) span(u, std::integral_constant<int, 1>{});
+    // the pixels where some tap reads padding
+    for (int64_t uu = 0; uu < U; uu++) {
+        if (uu == ca && cb > ca) uu = cb;
+        if (uu >= U) break;
+        for (int k = 0; k < KW; k++) {
+            const int64_t i = uu * sw + off + k * dl;
+            if (i < 0 || i >= Lw) continue;
+            const float* xp = xr + i * xpix;
+            const float* yp = yr + uu * ypix;
+            float* a = acc + k * LP;
+            for (int64_t c = 0; c < full; c += VL)
+                store(a + c, load(a + c) + load(xp + c) * load(yp + c));
+            if (tail) store_n(a + full, load_n(a + full, tail) + load_n(xp + full, tail) *
+                                                                    load_n(yp + full, tail), tail);
+        }
+    }
+}
+
+typedef void (*dw_blocks_fn)(const float*, int64_t, const float*, int64_t, int64_t, int64_t,
+                             int64_t, int64_t, int64_t, int64_t, float*, int64_t, Streamer&);
+
+const dw_blocks_fn* dw_blocks_table() {
+    static const dw_blocks_fn t[8] = {&dw_blocks<1>, &dw_blocks<2>, &dw_blocks<3>,
+                                      &dw_blocks<4>, &dw_blocks<5>, &dw_blocks<6>,
+                                      &dw_blocks<7>, &dw_blocks<8>};
+    return t;
+}
+
 typedef void (*dw_pass_fn)(const float*, int64_t, const float*, int64_t, int64_t, int64_t,
                            int64_t, int64_t, int64_t, int, float*, int64_t, Streamer&);
 
@@ -952,7 +1043,10 @@ void cg_dw_wgrad_run(const DwWgradProblem* P, int64_t lo, int64_t hi, float* par
             }
             pf.add(at(P->dy, n2, od2, oh2, 0, 0), 4 * U * ypix);
         }
-        const int64_t passes = (int64_t)nr * ((Kw + DW_KW - 1) / DW_KW) * nlv * U;
+        // prefetch steps: one per pixel and lane vector (passes), one per block of
+        // pixels and pair of lane vectors (blocks)
+        const int64_t passes = (int64_t)nr * ((Kw + DW_KW - 1) / DW_KW) *
+            (cg_dbg & 64 ? nlv * U : std::max<int64_t>(1, U / 4 * (C / (2 * VL))));
         pf.per = (int)std::min<int64_t>(8, passes > 0 ? (pf.lines() + passes - 1) / passes : 1);
         const float* yr = (const float*)at(P->dy, n, od, oh, 0, 0);
         for (int r = 0; r < nr; r++) {
@@ -962,6 +1056,11 @@ void cg_dw_wgrad_run(const DwWgradProblem* P, int64_t lo, int64_t hi, float* par
                 const int kw = (int)std::min<int64_t>(DW_KW, Kw - kw0);
                 const int64_t off = kw0 * P->d[2] - P->pb[2];
                 float* acc = partial + (t0 + kw0) * LP;
+                if (!(cg_dbg & 64)) {
+                    dw_blocks_table()[kw - 1](xr, xpix, yr, ypix, U, P->s[2], P->d[2], off, Lw,
+                                              C, acc, LP, pf);
+                    continue;
+                }
                 for (int64_t lv = 0; lv < nlv; lv++) {
                     const bool t = lv == full;
                     fns[(t ? DW_KW : 0) + kw - 1](xr + lv * VL, xpix, yr + lv * VL, ypix, U,
