@@ -109,7 +109,10 @@ def empty(shape, dtype) -> np.ndarray:
     recycled = raw is not None
     if raw is None:
         raw = np.empty(size + ALIGN, np.uint8)
-    return np.asarray(Lease(raw, shape, dtype, recycled))
+    # (bytes viewed as the dtype: an array interface cannot name a dtype such as
+    # ml_dtypes' bfloat16, whose typestr is a void '<V2')
+    flat = np.asarray(Lease(raw, (nbytes,), np.uint8, recycled))
+    return flat.view(dtype).reshape(shape)
 
 
 def recycled(a: np.ndarray) -> bool:
