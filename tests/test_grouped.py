@@ -173,7 +173,6 @@ def test_depthwise_data_gradient_streams_into_recycled_results(isa, stride, rng,
     the pool (its pages mapped) is written with streaming stores, whole cache lines at a
     time, partial pixel blocks and padded edges included; a fresh result is not."""
     from convgrad.kernels import _results
-    monkeypatch.setattr(grouped, "STREAM_MIN_BYTES", 0)
     monkeypatch.setattr(_results, "STREAM_MIN_BYTES", 0)
     monkeypatch.setattr(_results, "MIN_BYTES", 0)
     decided = []

@@ -45,8 +45,6 @@ WGRAD_CHUNKS = 16
 PARTIALS_BYTES = 8 * 2**20
 # Below this many bytes moved, one thread is faster than waking the others.
 SERIAL_BYTES = 256 * 2**10
-# Depthwise data gradients this large may write dx with streaming stores (_streams_dx).
-STREAM_MIN_BYTES = _results.STREAM_MIN_BYTES
 # Vector registers left to the compiler beyond a tile's accumulators, weights and
 # source vector (fewer: it spills the accumulators).
 REG_MARGIN = 0
@@ -706,8 +704,7 @@ def _streams_dx(dx: np.ndarray, vl: int) -> bool:
     stores (``_results.streams``; every pixel's channels whole cache lines).
     MobileNetV2's stride-1 depthwise data gradient (14.5 MB): 1.3-1.4x against plain
     stores, which read every dx line before writing it; stride 2 (38.5 MB) 1.6x."""
-    return (dx.nbytes >= STREAM_MIN_BYTES and _results.streams(dx)
-            and (dx.shape[-1] * 4) % max(64, 8 * vl) == 0)
+    return _results.streams(dx) and (dx.shape[-1] * 4) % max(64, 8 * vl) == 0
 
 
 def _budget_partials() -> int:

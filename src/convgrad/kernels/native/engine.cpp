@@ -593,10 +593,7 @@ void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const 
 namespace {
 
 // Positions per sweep when the x rows are read in place (see wgrad_gemm).
-#ifndef CG_WG_SWEEP
-#define CG_WG_SWEEP 128
-#endif
-constexpr int64_t WG_INPLACE_SWEEP = CG_WG_SWEEP;
+constexpr int64_t WG_INPLACE_SWEEP = 128;
 
 // dw[t][g-block tiles] += A^T B over np positions.  A: the x rows, lda floats
 // apart -- channel tile ct of group g at channel g*cg + c0(ct) of the rows as they

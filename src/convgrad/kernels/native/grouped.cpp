@@ -807,13 +807,12 @@ void cg_grouped_wgrad_run(const GroupedProblem* P, int64_t lo, int64_t hi, float
 // per group, multiplier 1) whose x and dy are float32 with unit channel stride, read
 // in place.  The work is all memory traffic (9 multiply-adds per 8 bytes read for a
 // 3x3 layer), so the loop order serves the memory: one dy line at a time, and for
-// each of its (kd, kh) x rows and each lane vector, one pass along the line with the
-// taps' accumulators in registers.  Every pass reads one 32-byte piece of each pixel,
-// a stride the hardware prefetchers follow badly from memory, so while a line
-// computes, the lines of the next one are prefetched from memory in order (a few
-// cache lines per loop iteration).  MobileNetV2's stride-2 layer (48 MB read): 7.2 ->
-// 4.5 ms on one thread, 6.7 -> 5.1 ms (medians) on two from cold caches, against the
-// tile kernel (Runner); its stride-1 layer measured level with it.
+// each of its (kd, kh) x rows, blocks of pixels x a cache line of channels with the
+// taps' sums in registers (dw_blocks).  While a line computes, the lines of the next
+// one are prefetched from memory in order (a few cache lines per block).  MobileNetV2's
+// stride-2 layer (48 MB read): the first version (one pass along the line per lane
+// vector) 7.2 -> 4.5 ms on one thread, 6.7 -> 5.1 ms (medians) on two from cold caches,
+// against the tile kernel (Runner); the blocks 1.1-1.2x faster than those passes.
 
 extern "C" {
 
@@ -858,50 +857,11 @@ struct Streamer {
 template <bool TAIL>
 CG_INLINE vf lane_load(const float* p, int nl) { return TAIL ? load_n(p, nl) : load(p); }
 
-// One pass: taps kw0 .. kw0 + KW - 1 (x index u*sw + off + k*dl) of one x row against
-// one dy row, lanes [0, nl) of the vector at xr / yr, summed over u < U into acc[k*LP].
-template <int KW, bool TAIL>
-void dw_pass(const float* xr, int64_t xpix, const float* yr, int64_t ypix, int64_t U,
-             int64_t sw, int64_t dl, int64_t off, int64_t Lw, int nl, float* acc, int64_t LP,
-             Streamer& pf) {
-    int64_t ca, cb, a_last, b_last;
-    valid_range(U, sw, off, Lw, ca, cb);
-    valid_range(U, sw, off + (KW - 1) * dl, Lw, a_last, b_last);
-    ca = std::max(ca, a_last);              // every tap reads the input on [ca, cb)
-    cb = std::max(ca, std::min(cb, b_last));
-    vf s[KW];
-#pragma GCC unroll 8
-    for (int k = 0; k < KW; k++) s[k] = zero();
-    const int64_t xst = sw * xpix, kst = dl * xpix;
-    const float* xp = xr + (ca * sw + off) * xpix;
-    const float* yp = yr + ca * ypix;
-    for (int64_t u = ca; u < cb; u++) {
-        const vf dv = lane_load<TAIL>(yp, nl);
-        pf.step();
-#pragma GCC unroll 8
-        for (int k = 0; k < KW; k++) s[k] += lane_load<TAIL>(xp + k * kst, nl) * dv;
-        xp += xst;
-        yp += ypix;
-    }
-    // the pixels where some tap reads padding
-    for (int64_t u = 0; u < U; u++) {
-        if (u == ca && cb > ca) u = cb;
-        if (u >= U) break;
-        const vf dv = lane_load<TAIL>(yr + u * ypix, nl);
-        for (int k = 0; k < KW; k++) {
-            const int64_t i = u * sw + off + k * dl;
-            if (i >= 0 && i < Lw) s[k] += lane_load<TAIL>(xr + i * xpix, nl) * dv;
-        }
-    }
-#pragma GCC unroll 8
-    for (int k = 0; k < KW; k++) store(acc + k * LP, load(acc + k * LP) + s[k]);
-}
-
 // Pixel blocks: R output pixels u0.. x NV lane vectors (a whole cache line of
 // channels when NV * VL * 4 = 64 bytes), the KW taps' sums kept in registers over the
 // block and added into acc once; every x and dy pixel of the block is read whole
 // within a few dozen cycles (the lane-vector passes above came back to each cache
-// line of a row once per vector, from L2).
+// line of a row once per vector, from L2: 1.1-1.2x).
 template <int R, int KW, int NV, bool TAIL>
 CG_INLINE void dw_block(const float* xp, int64_t xst, int64_t kst, const float* yp,
                         int64_t ypix, int64_t c, float* acc, int64_t LP, int nl) {
@@ -981,26 +941,14 @@ void dw_blocks(const float* xr, int64_t xpix, const float* yr, int64_t ypix, int
 typedef void (*dw_blocks_fn)(const float*, int64_t, const float*, int64_t, int64_t, int64_t,
                              int64_t, int64_t, int64_t, int64_t, float*, int64_t, Streamer&);
 
+constexpr int DW_KW = 8;    // taps per block call at most (wider rows take several)
+
+// [kw - 1], kw <= DW_KW
 const dw_blocks_fn* dw_blocks_table() {
-    static const dw_blocks_fn t[8] = {&dw_blocks<1>, &dw_blocks<2>, &dw_blocks<3>,
-                                      &dw_blocks<4>, &dw_blocks<5>, &dw_blocks<6>,
-                                      &dw_blocks<7>, &dw_blocks<8>};
+    static const dw_blocks_fn t[DW_KW] = {&dw_blocks<1>, &dw_blocks<2>, &dw_blocks<3>,
+                                          &dw_blocks<4>, &dw_blocks<5>, &dw_blocks<6>,
+                                          &dw_blocks<7>, &dw_blocks<8>};
     return t;
-}
-
-typedef void (*dw_pass_fn)(const float*, int64_t, const float*, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int64_t, int, float*, int64_t, Streamer&);
-
-constexpr int DW_KW = 8;    // taps per pass at most (wider rows take several passes)
-
-template <int... K>
-constexpr std::array<dw_pass_fn, 2 * sizeof...(K)> dw_passes(std::integer_sequence<int, K...>) {
-    return {&dw_pass<K + 1, false>..., &dw_pass<K + 1, true>...};
-}
-
-const dw_pass_fn* dw_pass_table() {
-    static const auto t = dw_passes(std::make_integer_sequence<int, DW_KW>{});
-    return t.data();
 }
 
 // The x rows (kd, kh) of dy line l that read the input: their (d, h), at most 64.
@@ -1026,11 +974,9 @@ int dw_rows(const DwWgradProblem* P, int64_t l, int64_t& n, int64_t& od, int64_t
 }  // namespace
 
 void cg_dw_wgrad_run(const DwWgradProblem* P, int64_t lo, int64_t hi, float* partial) {
-    const int64_t C = P->C, nlv = (C + VL - 1) / VL, LP = nlv * VL, full = C / VL;
-    const int tail = (int)(C - full * VL);
+    const int64_t C = P->C, LP = (C + VL - 1) / VL * VL;
     const int64_t Kw = P->K[2], U = P->M[2], Lw = P->L[2];
     const int64_t xpix = P->x.stride[3], ypix = P->dy.stride[3];
-    const dw_pass_fn* fns = dw_pass_table();
     int64_t rows[64][4], next_rows[64][4];
     Streamer pf;
     for (int64_t l = lo; l < hi; l++) {
@@ -1053,10 +999,9 @@ void cg_dw_wgrad_run(const DwWgradProblem* P, int64_t lo, int64_t hi, float* par
             }
             pf.add(at(P->dy, n2, od2, oh2, 0, 0), 4 * U * ypix);
         }
-        // prefetch steps: one per pixel and lane vector (passes), one per block of
-        // pixels and pair of lane vectors (blocks)
+        // prefetch steps: one per block of pixels and pair of lane vectors
         const int64_t passes = (int64_t)nr * ((Kw + DW_KW - 1) / DW_KW) *
-            (cg_dbg & 64 ? nlv * U : std::max<int64_t>(1, U / 4 * (C / (2 * VL))));
+                               std::max<int64_t>(1, U / 4 * (C / (2 * VL)));
         pf.per = (int)std::min<int64_t>(8, passes > 0 ? (pf.lines() + passes - 1) / passes : 1);
         const float* yr = (const float*)at(P->dy, n, od, oh, 0, 0);
         for (int r = 0; r < nr; r++) {
@@ -1065,18 +1010,8 @@ void cg_dw_wgrad_run(const DwWgradProblem* P, int64_t lo, int64_t hi, float* par
             for (int64_t kw0 = 0; kw0 < Kw; kw0 += DW_KW) {
                 const int kw = (int)std::min<int64_t>(DW_KW, Kw - kw0);
                 const int64_t off = kw0 * P->d[2] - P->pb[2];
-                float* acc = partial + (t0 + kw0) * LP;
-                if (!(cg_dbg & 64)) {
-                    dw_blocks_table()[kw - 1](xr, xpix, yr, ypix, U, P->s[2], P->d[2], off, Lw,
-                                              C, acc, LP, pf);
-                    continue;
-                }
-                for (int64_t lv = 0; lv < nlv; lv++) {
-                    const bool t = lv == full;
-                    fns[(t ? DW_KW : 0) + kw - 1](xr + lv * VL, xpix, yr + lv * VL, ypix, U,
-                                                  P->s[2], P->d[2], off, Lw,
-                                                  t ? tail : VL, acc + lv * VL, LP, pf);
-                }
+                dw_blocks_table()[kw - 1](xr, xpix, yr, ypix, U, P->s[2], P->d[2], off, Lw, C,
+                                          partial + (t0 + kw0) * LP, LP, pf);
             }
         }
     }
@@ -1087,10 +1022,11 @@ void cg_dw_wgrad_run(const DwWgradProblem* P, int64_t lo, int64_t hi, float* par
 //
 // dx[q][c] = sum over the taps t with q = p*s + t*d - pb of dy[p][c] * w[t][c] for
 // depthwise layers (multiplier 1) whose dy and dx are float32 with unit channel
-// stride.  One dx line at a time, one stride phase r of its w axis and one lane
-// vector at a time: a pass along the phase's pixels q = qq*s + r sums every term
-// (dy row, tap) that meets them with the weights in registers, and stores each dx
-// vector once.  The next line's dy rows are prefetched while this one computes.
+// stride.  One dx line at a time and one stride phase r of its w axis at a time:
+// blocks of the phase's pixels q = qq*s + r x a cache line of channels sum every term
+// (dy row, tap) that meets them (dwd_blocks) and store each dx vector once, with
+// streaming stores into recycled results (DwDgradProblem::stream).  The next line's
+// dy rows are prefetched while this one computes.
 
 extern "C" {
 
@@ -1114,59 +1050,8 @@ void cg_dw_dgrad_run(const DwDgradProblem* P, int64_t lo, int64_t hi);
 
 namespace {
 
-constexpr int DWD_TERMS = 12;   // (dy row, tap) terms of one phase a pass holds at most
+constexpr int DWD_TERMS = 12;   // (dy row, tap) terms of one phase a block sums at most
 
-// dx[qq * ostep] (lanes [0, nl)) = sum_k dy(b[k] + (qq + off[k]) * ypix) * wv[k] for
-// qq < Q, terms whose dy pixel qq + off[k] lies outside [0, Mw) left out.
-template <int NT, bool TAIL>
-void dwd_pass(const float* const* b, const int64_t* off, const float* const* w, int64_t ypix,
-              int64_t Q, int64_t Mw, float* out, int64_t ostep, int nl, Streamer& pf) {
-    vf wv[NT];
-    int64_t lo = 0, hi = Q;
-#pragma GCC unroll 16
-    for (int k = 0; k < NT; k++) {
-        wv[k] = lane_load<TAIL>(w[k], nl);
-        lo = std::max(lo, -off[k]);
-        hi = std::min(hi, Mw - off[k]);
-    }
-    hi = std::max(lo, hi);
-    const float* p[NT];
-#pragma GCC unroll 16
-    for (int k = 0; k < NT; k++) p[k] = b[k] + (lo + off[k]) * ypix;
-    float* o = out + lo * ostep;
-    for (int64_t qq = lo; qq < hi; qq++) {
-        pf.step();
-        vf acc = lane_load<TAIL>(p[0], nl) * wv[0];
-        p[0] += ypix;
-#pragma GCC unroll 16
-        for (int k = 1; k < NT; k++) {
-            acc += lane_load<TAIL>(p[k], nl) * wv[k];
-            p[k] += ypix;
-        }
-        if (TAIL) store_n(o, acc, nl);
-        else store(o, acc);
-        o += ostep;
-    }
-    // the pixels where some term reads outside dy
-    for (int64_t qq = 0; qq < Q; qq++) {
-        if (qq == lo && hi > lo) qq = hi;
-        if (qq >= Q) break;
-        vf acc = zero();
-        for (int k = 0; k < NT; k++) {
-            const int64_t pix = qq + off[k];
-            if (pix >= 0 && pix < Mw) acc += lane_load<TAIL>(b[k] + pix * ypix, nl) * wv[k];
-        }
-        if (TAIL) store_n(out + qq * ostep, acc, nl);
-        else store(out + qq * ostep, acc);
-    }
-}
-
-// Pixel blocks: R dx pixels of one phase x NV vectors of channels (a whole cache line
-// of them when NV * VL * 4 = 64 bytes), summed over the nt terms (dy row, tap) with
-// every term inside dy for all R pixels; the weights are loaded per term (they no
-// longer fit in registers across the channels), the dy pixels from L1.  Every dx
-// line is written whole, a pixel's channels at once: with streaming stores (STREAM)
-// it goes to memory without being read first.
 // A run of M terms on one dy row whose offsets fall by one from term to term (taps
 // kw, kw + 1, ... at dilation 1 and stride 1): the R + M - 1 dy pixels they read are
 // loaded once each and meet every tap there.
@@ -1322,20 +1207,6 @@ const dwd_blocks_fn* dwd_blocks_table() {
     return t;
 }
 
-typedef void (*dwd_pass_fn)(const float* const*, const int64_t*, const float* const*, int64_t,
-                            int64_t, int64_t, float*, int64_t, int, Streamer&);
-
-template <int... K>
-constexpr std::array<dwd_pass_fn, 2 * sizeof...(K)> dwd_passes(
-    std::integer_sequence<int, K...>) {
-    return {&dwd_pass<K + 1, false>..., &dwd_pass<K + 1, true>...};
-}
-
-const dwd_pass_fn* dwd_pass_table() {
-    static const auto t = dwd_passes(std::make_integer_sequence<int, DWD_TERMS>{});
-    return t.data();
-}
-
 // The dy rows (kd, kh) that dx line l meets: (kd, kh, od, oh), at most 64.
 int dwd_rows(const DwDgradProblem* P, int64_t l, int64_t& n, int64_t& xd, int64_t& xh,
              int64_t (*rows)[4]) {
@@ -1361,11 +1232,10 @@ int dwd_rows(const DwDgradProblem* P, int64_t l, int64_t& n, int64_t& xd, int64_
 int64_t cg_dw_dgrad_terms(void) { return DWD_TERMS; }
 
 void cg_dw_dgrad_run(const DwDgradProblem* P, int64_t lo, int64_t hi) {
-    const int64_t C = P->C, nlv = (C + VL - 1) / VL, LP = nlv * VL, full = C / VL;
-    const int tail = (int)(C - full * VL);
+    const int64_t C = P->C, LP = (C + VL - 1) / VL * VL;
     const int64_t Kw = P->K[2], sw = P->s[2], Lw = P->L[2], Mw = P->M[2];
     const int64_t ypix = P->dy.stride[3], opix = P->ostride[3];
-    const dwd_pass_fn* fns = dwd_pass_table();
+    const dwd_blocks_fn* fns = dwd_blocks_table();
     int64_t rows[64][4], next_rows[64][4];
     const float* b[DWD_TERMS];
     const float* wk[DWD_TERMS];
@@ -1386,10 +1256,8 @@ void cg_dw_dgrad_run(const DwDgradProblem* P, int64_t lo, int64_t hi) {
                     pf.add(at(P->dy, n2, next_rows[j][2], next_rows[j][3], 0, 0), 4 * Mw * ypix);
             }
         }
-        // prefetch steps: one per pixel and lane vector (passes), one per block of
-        // pixels and pair of lane vectors (blocks)
-        const int64_t steps = std::max<int64_t>(
-            1, cg_dbg & 32 ? nlv * Lw : (Lw / 4) * std::max<int64_t>(1, C / (2 * VL)));
+        // prefetch steps: one per block of pixels and pair of lane vectors
+        const int64_t steps = std::max<int64_t>(1, (Lw / 4) * std::max<int64_t>(1, C / (2 * VL)));
         pf.per = (int)std::min<int64_t>(16, (pf.lines() + steps - 1) / steps);
         float* line = P->dx + n * P->ostride[0] + xd * P->ostride[1] + xh * P->ostride[2];
         for (int64_t r = 0; r < sw && r < Lw; r++) {
@@ -1409,28 +1277,11 @@ void cg_dw_dgrad_run(const DwDgradProblem* P, int64_t lo, int64_t hi) {
                 }
             }
             float* out = line + r * opix;
-            if (nt > 0 && !(cg_dbg & 32)) {
-                DwdRuns runs;
-                dwd_runs(b, off, nt, runs);
-                const auto fn = dwd_blocks_table()[(runs.m - 1) * 2 + (P->stream ? 1 : 0)];
-                fn(b, off, wk, nt, runs, ypix, Q, Mw, C, out, sw * opix, pf);
-                continue;
-            }
-            for (int64_t lv = 0; lv < nlv; lv++) {
-                const bool t = lv == full;
-                const int nl = t ? tail : VL;
-                if (nt == 0) {
-                    for (int64_t qq = 0; qq < Q; qq++)
-                        if (t) store_n(out + qq * sw * opix + lv * VL, zero(), nl);
-                        else store(out + qq * sw * opix + lv * VL, zero());
-                    continue;
-                }
-                const float* bl[DWD_TERMS];
-                const float* wl[DWD_TERMS];
-                for (int k = 0; k < nt; k++) bl[k] = b[k] + lv * VL, wl[k] = wk[k] + lv * VL;
-                fns[(t ? DWD_TERMS : 0) + nt - 1](bl, off, wl, ypix, Q, Mw, out + lv * VL,
-                                                   sw * opix, nl, pf);
-            }
+            // (no terms: every block sums nothing and stores zeros)
+            DwdRuns runs;
+            dwd_runs(b, off, nt, runs);
+            fns[(runs.m - 1) * 2 + (P->stream ? 1 : 0)](b, off, wk, nt, runs, ypix, Q, Mw, C, out,
+                                                        sw * opix, pf);
         }
     }
     if (P->stream) stream_fence();
