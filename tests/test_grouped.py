@@ -6,6 +6,7 @@ bfloat16, channels-first and channels-last callers, on every instruction-set bui
 this CPU can run, against the naive float64 reference (tests/naive.py); exact
 padding (D17) and a deterministic weight gradient."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -149,20 +150,21 @@ STREAMED = [name for name, c in CASES.items() if c["c"] == c["o"] == c["groups"]
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("name", STREAMED)
 def test_channels_last_depthwise_gradients_stream(isa, name, rng, monkeypatch):
-    """Float32 channels-last depthwise weight and data gradients take the streaming
-    kernels (cg_dw_wgrad_run: several passes for rows of more than 8 taps;
-    cg_dw_dgrad_run: stride phases, up to 12 terms; both: a partial last lane vector,
-    padding at both ends); the other callers take the tiles."""
+    """Channels-last depthwise weight and data gradients take the streaming kernels
+    (cg_dw_wgrad_run: several passes for rows of more than 8 taps; cg_dw_dgrad_run:
+    stride phases, up to 12 terms; both: a partial last lane vector, padding at both
+    ends), float16 and bfloat16 converted in their loads and stores; channels-first
+    callers take the tiles (or the planar kernels)."""
     taken = []
     for fn in ("_depthwise_wgrad", "_depthwise_dgrad"):
         streamed = getattr(grouped, fn)
         monkeypatch.setattr(grouped, fn,
                             lambda *a, f=streamed, n=fn: taken.append(n) or f(*a))
-    check(CASES[name], rng, isa=isa, channels_last=True, threads=2)
-    assert sorted(taken) == ["_depthwise_dgrad", "_depthwise_wgrad"]
+    for k, dtype in enumerate((np.float32, np.float16, bfloat16)):
+        check(CASES[name], rng, isa=isa, channels_last=True, threads=2, dtype=dtype)
+        assert sorted(taken) == sorted(["_depthwise_dgrad", "_depthwise_wgrad"] * (k + 1))
     check(CASES[name], rng, isa=isa, channels_last=False)
-    check(CASES[name], rng, isa=isa, channels_last=True, dtype=np.float16)
-    assert len(taken) == 2
+    assert len(taken) == 6
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -343,3 +345,34 @@ def test_data_gradients_with_too_many_stride_phases_are_declined():
     assert "stride phases" in grouped.supports_op("dgrad")(geom, np.float32)
     assert grouped.supports_op("fwd")(geom, np.float32) is None
     assert kernels.select("dgrad", geom, np.float32).name != "grouped"
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("name", ["dw-2d-k3", "dw-2d-k5-s2-asym", "dw-1d-k10-wide"])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # sums past the maximum
+def test_half_depthwise_streams_convert_exactly(isa, dtype, name, rng):
+    """The streaming depthwise kernels convert 16-bit elements in their loads and round
+    each result once in their stores: bitwise what the float32 kernel computes from the
+    same values widened, then rounded (NumPy's / ml_dtypes' casts), tiny results that
+    round to float16 subnormals and values that round to infinity included."""
+    c = CASES[name]
+    x, w, dy = make_arrays(c, rng, dtype, True)
+    big = np.asarray(ml_dtypes.finfo(dtype).max, np.float32) / 2
+    flat = np.moveaxis(dy, 1, -1).reshape(-1)                         # a view: NXC memory
+    assert np.shares_memory(flat, dy)
+    flat[:: 7] = np.asarray(big, dtype)                               # sums past the maximum
+    flat[3:: 11] = np.asarray(3e-6, dtype)                            # float16 subnormals
+    kw = kwargs(c)
+    with convgrad.config(algo="grouped", isa=isa):
+        dx16 = convgrad.conv_data_grad(w, dy, x.shape, **kw)
+        dw16 = convgrad.conv_weight_grad(x, dy, w.shape, **kw)
+        x32, w32, dy32 = (np.asarray(a, np.float32) for a in (x, w, dy))
+        dx32 = convgrad.conv_data_grad(w32, dy32, x.shape, **kw)
+        dw32 = convgrad.conv_weight_grad(x32, dy32, w.shape, **kw)
+    assert dx16.dtype == np.dtype(dtype)
+    assert np.isinf(np.asarray(dx32, np.float32).astype(dtype).astype(np.float32)).any()
+    np.testing.assert_array_equal(np.asarray(dx16).view(np.uint16),
+                                  dx32.astype(dtype).view(np.uint16))
+    np.testing.assert_array_equal(np.asarray(dw16, np.float64), np.asarray(
+        np.asarray(dw32, np.float32).astype(dw16.dtype), np.float64))

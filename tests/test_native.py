@@ -344,7 +344,8 @@ def test_the_16_float_build_grouped_kernel_matches_the_reference(vl16_engine, na
     monkeypatch.setattr(native, "engine", lambda: vl16_engine)
     grouped.plan.cache_clear()
     try:
-        for channels_last, dtype in ((True, np.float32), (False, np.float16)):
+        for channels_last, dtype in ((True, np.float32), (False, np.float16),
+                                     (True, bfloat16)):
             test_grouped.check(test_grouped.CASES[name], rng, dtype=dtype,
                                channels_last=channels_last)
     finally:
@@ -371,12 +372,15 @@ def _rounding_inputs():
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["f16", "bf16"])
-def test_results_stored_in_16_bits_round_like_numpy(isa, dtype):
+@pytest.mark.parametrize("way", ["runs", "vectors"])
+def test_results_stored_in_16_bits_round_like_numpy(isa, dtype, way):
+    """store_run (runs) and the kernels' vector stores (simd.h store_as, vectors; a
+    partial last vector) round every float32 like NumPy / ml_dtypes."""
     eng = native._ENGINES[isa]
-    x = _rounding_inputs()
+    x = _rounding_inputs()[:-3]                           # (vectors: a partial last one)
     got = np.empty(x.size, dtype)
-    eng.lib.cg_store_floats(got.ctypes.data, native.DTYPE_CODES[np.dtype(dtype)],
-                            x.ctypes.data, x.size)
+    fn = eng.lib.cg_store_floats if way == "runs" else eng.lib.cg_store_vectors
+    fn(got.ctypes.data, native.DTYPE_CODES[np.dtype(dtype)], x.ctypes.data, x.size)
     with np.errstate(over="ignore", invalid="ignore"):
         want = x.astype(dtype)
     same = got.view(np.uint16) == want.view(np.uint16)
@@ -384,6 +388,26 @@ def test_results_stored_in_16_bits_round_like_numpy(isa, dtype):
     assert same[~nan].all(), x[~nan][~same[~nan]][:10]
     assert np.isnan(got[nan].astype(np.float32)).all()       # NaN stays NaN, sign kept
     assert (np.signbit(got[nan].astype(np.float32)) == np.signbit(x[nan])).all()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("way", ["runs", "vectors"])
+def test_16_bit_inputs_widen_exactly(isa, dtype, way):
+    """Every float16/bfloat16 bit pattern widens to NumPy's / ml_dtypes' float32
+    (convert_run: runs; the kernels' vector loads, simd.h load_as: vectors, a partial
+    last vector); a NaN stays a NaN of its sign."""
+    eng = native._ENGINES[isa]
+    h = np.concatenate([np.arange(2**16, dtype=np.uint32).astype(np.uint16),
+                        np.arange(5, dtype=np.uint16)]).view(dtype)
+    got = np.full(h.size, -7.0, np.float32)
+    fn = eng.lib.cg_load_floats if way == "runs" else eng.lib.cg_load_vectors
+    fn(got.ctypes.data, h.ctypes.data, native.DTYPE_CODES[np.dtype(dtype)], h.size)
+    want = h.astype(np.float32)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    assert np.isnan(got[nan]).all()
+    assert (np.signbit(got[nan]) == np.signbit(want[nan])).all()
 
 
 @pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["f16", "bf16"])

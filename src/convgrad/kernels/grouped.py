@@ -425,6 +425,12 @@ def _source_direct(a: np.ndarray) -> bool:
     return a.dtype == np.float32 and a.strides[-1] == a.itemsize
 
 
+def _unit_channels(a: np.ndarray) -> bool:
+    """float32, float16 or bfloat16 with unit channel stride: what the streaming
+    depthwise kernels read in place (16-bit elements converted in their loads)."""
+    return a.dtype in native.DTYPE_CODES and a.strides[-1] == a.itemsize
+
+
 def _tables(pl: Plan, src: np.ndarray, dy: np.ndarray | None, out: np.ndarray | None,
             weights: np.ndarray | None) -> _Problem:
     t_src = native._tensor(src)
@@ -572,9 +578,10 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
 
 def _streams_depthwise(geom: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> bool:
     """Whether a weight gradient takes the streaming depthwise kernel: one channel per
-    group and multiplier 1, x and dy float32 with unit channel stride (read in place)."""
-    return (geom.groups == geom.c == geom.o and x.dtype == dy.dtype == np.float32
-            and _source_direct(x) and _source_direct(dy))
+    group and multiplier 1, x and dy of one dtype (float32, float16 or bfloat16) with
+    unit channel stride (read in place)."""
+    return (geom.groups == geom.c == geom.o and x.dtype == dy.dtype
+            and _unit_channels(x) and _unit_channels(dy))
 
 
 def _depthwise_wgrad(lib, vl: int, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry,
@@ -668,10 +675,11 @@ def _phase_terms(geom: ConvGeometry) -> int:
 def _streams_depthwise_dgrad(geom: ConvGeometry, dy: np.ndarray, dx: np.ndarray,
                              max_terms: int) -> bool:
     """Whether a data gradient takes the streaming depthwise kernel: one channel per
-    group and multiplier 1, dy and dx float32 with unit channel stride, and at most
-    ``max_terms`` weights per stride phase (they stay in registers)."""
-    return (geom.groups == geom.c == geom.o and dy.dtype == dx.dtype == np.float32
-            and _source_direct(dy) and _source_direct(dx)
+    group and multiplier 1, dy and dx of one dtype (float32, float16 or bfloat16) with
+    unit channel stride, and at most ``max_terms`` weights per stride phase (they stay
+    in registers)."""
+    return (geom.groups == geom.c == geom.o and dy.dtype == dx.dtype
+            and _unit_channels(dy) and _unit_channels(dx)
             and math.prod(geom.strides) <= MAX_PHASES and _phase_terms(geom) <= max_terms)
 
 
@@ -685,7 +693,7 @@ def _depthwise_dgrad(lib, vl: int, w: np.ndarray, dy: np.ndarray, dx: np.ndarray
     k3, s3, d3, p3 = (native._pad3(geom.kernel, 1), native._pad3(geom.strides, 1),
                       native._pad3(geom.dilations, 1), native._pad3(geom.pads_begin, 0))
     l3, m3 = native._pad3(geom.in_sizes, 1), native._pad3(geom.out_sizes, 1)
-    st = [s // 4 for s in dx.strides[:-1]]
+    st = [s // dx.itemsize for s in dx.strides[:-1]]
     ostride = [st[0]] + [0] * (4 - len(st)) + st[1:]
     prob = _DwDgrad(native._tensor(dy), dx.ctypes.data, (_I64 * 4)(*ostride), geom.n,
                     (_I64 * 3)(*l3), (_I64 * 3)(*m3), geom.c, (_I64 * 3)(*k3),
@@ -704,7 +712,8 @@ def _streams_dx(dx: np.ndarray, vl: int) -> bool:
     stores (``_results.streams``; every pixel's channels whole cache lines).
     MobileNetV2's stride-1 depthwise data gradient (14.5 MB): 1.3-1.4x against plain
     stores, which read every dx line before writing it; stride 2 (38.5 MB) 1.6x."""
-    return _results.streams(dx) and (dx.shape[-1] * 4) % max(64, 8 * vl) == 0
+    return (dx.dtype == np.float32 and _results.streams(dx)
+            and (dx.shape[-1] * 4) % max(64, 8 * vl) == 0)
 
 
 def _budget_partials() -> int:

@@ -164,6 +164,8 @@ class Engine:
                 ("cg_fma_loop", ctypes.c_float, [i64]),
                 ("cg_store_floats", None, [vp, i64, vp, i64]),
                 ("cg_load_floats", None, [vp, vp, i64, i64]),
+                ("cg_store_vectors", None, [vp, i64, vp, i64]),
+                ("cg_load_vectors", None, [vp, vp, i64, i64]),
                 ("cg_fma_loop_flops", i64, [])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args

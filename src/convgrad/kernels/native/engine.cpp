@@ -1161,6 +1161,41 @@ void cg_store_floats(void* dst, int64_t dtype, const float* src, int64_t n) {
     store_run(dst, dtype, 1, src, n);
 }
 
+}  // extern "C"
+
+// The same conversions a vector at a time, as the streaming depthwise kernels load and
+// store their 16-bit operands (simd.h: load_as, store_as; the last partial vector
+// through load_as_n, store_as_n).
+template <int64_t DT>
+static void vectors_load(float* dst, const void* src, int64_t n) {
+    const auto* s = (const typename Elem<DT>::T*)src;
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) store(dst + i, load_as<DT>(s + i));
+    if (i < n) store_n(dst + i, load_as_n<DT>(s + i, (int)(n - i)), (int)(n - i));
+}
+
+template <int64_t DT>
+static void vectors_store(void* dst, const float* src, int64_t n) {
+    auto* d = (typename Elem<DT>::T*)dst;
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) store_as<DT>(d + i, load(src + i));
+    if (i < n) store_as_n<DT>(d + i, load_n(src + i, (int)(n - i)), (int)(n - i));
+}
+
+extern "C" {
+
+void cg_load_vectors(float* dst, const void* src, int64_t dtype, int64_t n) {
+    if (dtype == F16) vectors_load<F16>(dst, src, n);
+    else if (dtype == BF16) vectors_load<BF16>(dst, src, n);
+    else vectors_load<F32>(dst, src, n);
+}
+
+void cg_store_vectors(void* dst, int64_t dtype, const float* src, int64_t n) {
+    if (dtype == F16) vectors_store<F16>(dst, src, n);
+    else if (dtype == BF16) vectors_store<BF16>(dst, src, n);
+    else vectors_store<F32>(dst, src, n);
+}
+
 // Bit mask of what this CPU and OS support: 1 avx2, 2 fma, 4 f16c, 8 avx512f,
 // 16 avx512bw, 32 avx512vl, 64 avx512dq.
 int64_t cg_cpu_features(void) {

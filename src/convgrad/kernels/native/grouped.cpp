@@ -854,17 +854,20 @@ struct Streamer {
     }
 };
 
-template <bool TAIL>
-CG_INLINE vf lane_load(const float* p, int nl) { return TAIL ? load_n(p, nl) : load(p); }
+template <bool TAIL, int64_t DT = F32>
+CG_INLINE vf lane_load(const typename Elem<DT>::T* p, int nl) {
+    return TAIL ? load_as_n<DT>(p, nl) : load_as<DT>(p);
+}
 
 // Pixel blocks: R output pixels u0.. x NV lane vectors (a whole cache line of
 // channels when NV * VL * 4 = 64 bytes), the KW taps' sums kept in registers over the
 // block and added into acc once; every x and dy pixel of the block is read whole
 // within a few dozen cycles (the lane-vector passes above came back to each cache
 // line of a row once per vector, from L2: 1.1-1.2x).
-template <int R, int KW, int NV, bool TAIL>
-CG_INLINE void dw_block(const float* xp, int64_t xst, int64_t kst, const float* yp,
-                        int64_t ypix, int64_t c, float* acc, int64_t LP, int nl) {
+template <int R, int KW, int NV, bool TAIL, int64_t DT>
+CG_INLINE void dw_block(const typename Elem<DT>::T* xp, int64_t xst, int64_t kst,
+                        const typename Elem<DT>::T* yp, int64_t ypix, int64_t c, float* acc,
+                        int64_t LP, int nl) {
     vf s[KW][NV];
 #pragma GCC unroll 8
     for (int k = 0; k < KW; k++)
@@ -874,12 +877,12 @@ CG_INLINE void dw_block(const float* xp, int64_t xst, int64_t kst, const float* 
     for (int i = 0; i < R; i++) {
         vf dv[NV];
 #pragma GCC unroll 2
-        for (int v = 0; v < NV; v++) dv[v] = lane_load<TAIL>(yp + i * ypix + c + v * VL, nl);
+        for (int v = 0; v < NV; v++) dv[v] = lane_load<TAIL, DT>(yp + i * ypix + c + v * VL, nl);
 #pragma GCC unroll 8
         for (int k = 0; k < KW; k++)
 #pragma GCC unroll 2
             for (int v = 0; v < NV; v++)
-                s[k][v] += lane_load<TAIL>(xp + i * xst + k * kst + c + v * VL, nl) * dv[v];
+                s[k][v] += lane_load<TAIL, DT>(xp + i * xst + k * kst + c + v * VL, nl) * dv[v];
     }
 #pragma GCC unroll 8
     for (int k = 0; k < KW; k++)
@@ -893,10 +896,13 @@ CG_INLINE void dw_block(const float* xp, int64_t xst, int64_t kst, const float* 
 // All lane vectors of one x row against one dy row, taps kw0 .. kw0 + KW - 1 (x index
 // u*sw + off + k*dl), in pixel blocks (dw_block) where every tap reads the input, pixel
 // by pixel elsewhere.
-template <int KW>
-void dw_blocks(const float* xr, int64_t xpix, const float* yr, int64_t ypix, int64_t U,
+template <int KW, int64_t DT>
+void dw_blocks(const void* xv, int64_t xpix, const void* yv, int64_t ypix, int64_t U,
                int64_t sw, int64_t dl, int64_t off, int64_t Lw, int64_t C, float* acc,
                int64_t LP, Streamer& pf) {
+    typedef typename Elem<DT>::T T;
+    const T* xr = (const T*)xv;
+    const T* yr = (const T*)yv;
     constexpr int R = 4, NB = 2 * VL;
     const int64_t pairs = C / NB * NB, full = C / VL * VL;
     const int tail = (int)(C - full);
@@ -908,14 +914,15 @@ void dw_blocks(const float* xr, int64_t xpix, const float* yr, int64_t ypix, int
     const int64_t xst = sw * xpix, kst = dl * xpix;
     auto span = [&](int64_t u0, auto rc) {
         constexpr int RR = decltype(rc)::value;
-        const float* xp = xr + (u0 * sw + off) * xpix;
-        const float* yp = yr + u0 * ypix;
+        const T* xp = xr + (u0 * sw + off) * xpix;
+        const T* yp = yr + u0 * ypix;
         for (int64_t c = 0; c < pairs; c += NB) {
             pf.step();
-            dw_block<RR, KW, 2, false>(xp, xst, kst, yp, ypix, c, acc, LP, VL);
+            dw_block<RR, KW, 2, false, DT>(xp, xst, kst, yp, ypix, c, acc, LP, VL);
         }
-        if (full > pairs) dw_block<RR, KW, 1, false>(xp, xst, kst, yp, ypix, pairs, acc, LP, VL);
-        if (tail) dw_block<RR, KW, 1, true>(xp, xst, kst, yp, ypix, full, acc, LP, tail);
+        if (full > pairs)
+            dw_block<RR, KW, 1, false, DT>(xp, xst, kst, yp, ypix, pairs, acc, LP, VL);
+        if (tail) dw_block<RR, KW, 1, true, DT>(xp, xst, kst, yp, ypix, full, acc, LP, tail);
     };
     int64_t u = ca;
     for (; u + R <= cb; u += R) span(u, std::integral_constant<int, R>{});
@@ -927,28 +934,36 @@ void dw_blocks(const float* xr, int64_t xpix, const float* yr, int64_t ypix, int
         for (int k = 0; k < KW; k++) {
             const int64_t i = uu * sw + off + k * dl;
             if (i < 0 || i >= Lw) continue;
-            const float* xp = xr + i * xpix;
-            const float* yp = yr + uu * ypix;
+            const T* xp = xr + i * xpix;
+            const T* yp = yr + uu * ypix;
             float* a = acc + k * LP;
             for (int64_t c = 0; c < full; c += VL)
-                store(a + c, load(a + c) + load(xp + c) * load(yp + c));
-            if (tail) store_n(a + full, load_n(a + full, tail) + load_n(xp + full, tail) *
-                                                                    load_n(yp + full, tail), tail);
+                store(a + c, load(a + c) + load_as<DT>(xp + c) * load_as<DT>(yp + c));
+            if (tail)
+                store_n(a + full, load_n(a + full, tail) + load_as_n<DT>(xp + full, tail) *
+                                                               load_as_n<DT>(yp + full, tail),
+                        tail);
         }
     }
 }
 
-typedef void (*dw_blocks_fn)(const float*, int64_t, const float*, int64_t, int64_t, int64_t,
+typedef void (*dw_blocks_fn)(const void*, int64_t, const void*, int64_t, int64_t, int64_t,
                              int64_t, int64_t, int64_t, int64_t, float*, int64_t, Streamer&);
 
 constexpr int DW_KW = 8;    // taps per block call at most (wider rows take several)
 
-// [kw - 1], kw <= DW_KW
-const dw_blocks_fn* dw_blocks_table() {
-    static const dw_blocks_fn t[DW_KW] = {&dw_blocks<1>, &dw_blocks<2>, &dw_blocks<3>,
-                                          &dw_blocks<4>, &dw_blocks<5>, &dw_blocks<6>,
-                                          &dw_blocks<7>, &dw_blocks<8>};
-    return t;
+template <int64_t DT, int... K>
+constexpr std::array<dw_blocks_fn, sizeof...(K)> dw_blocks_of(std::integer_sequence<int, K...>) {
+    return {&dw_blocks<K + 1, DT>...};
+}
+
+// [kw - 1] for x and dy of element type dt, kw <= DW_KW
+const dw_blocks_fn* dw_blocks_table(int64_t dt) {
+    static const std::array<dw_blocks_fn, DW_KW> t[3] = {
+        dw_blocks_of<F32>(std::make_integer_sequence<int, DW_KW>{}),
+        dw_blocks_of<F16>(std::make_integer_sequence<int, DW_KW>{}),
+        dw_blocks_of<BF16>(std::make_integer_sequence<int, DW_KW>{})};
+    return t[dt].data();
 }
 
 // The x rows (kd, kh) of dy line l that read the input: their (d, h), at most 64.
@@ -977,6 +992,8 @@ void cg_dw_wgrad_run(const DwWgradProblem* P, int64_t lo, int64_t hi, float* par
     const int64_t C = P->C, LP = (C + VL - 1) / VL * VL;
     const int64_t Kw = P->K[2], U = P->M[2], Lw = P->L[2];
     const int64_t xpix = P->x.stride[3], ypix = P->dy.stride[3];
+    const int64_t es = itemsize(P->x.dtype);   // x and dy: one element type
+    const dw_blocks_fn* fns = dw_blocks_table(P->x.dtype);
     int64_t rows[64][4], next_rows[64][4];
     Streamer pf;
     for (int64_t l = lo; l < hi; l++) {
@@ -995,23 +1012,23 @@ void cg_dw_wgrad_run(const DwWgradProblem* P, int64_t lo, int64_t hi, float* par
                         have = rows[k][2] == next_rows[j][2] && rows[k][3] == next_rows[j][3];
                 }
                 if (!have)
-                    pf.add(at(P->x, n2, next_rows[j][2], next_rows[j][3], 0, 0), 4 * Lw * xpix);
+                    pf.add(at(P->x, n2, next_rows[j][2], next_rows[j][3], 0, 0), es * Lw * xpix);
             }
-            pf.add(at(P->dy, n2, od2, oh2, 0, 0), 4 * U * ypix);
+            pf.add(at(P->dy, n2, od2, oh2, 0, 0), es * U * ypix);
         }
         // prefetch steps: one per block of pixels and pair of lane vectors
         const int64_t passes = (int64_t)nr * ((Kw + DW_KW - 1) / DW_KW) *
                                std::max<int64_t>(1, U / 4 * (C / (2 * VL)));
         pf.per = (int)std::min<int64_t>(8, passes > 0 ? (pf.lines() + passes - 1) / passes : 1);
-        const float* yr = (const float*)at(P->dy, n, od, oh, 0, 0);
+        const void* yr = at(P->dy, n, od, oh, 0, 0);
         for (int r = 0; r < nr; r++) {
-            const float* xr = (const float*)at(P->x, n, rows[r][2], rows[r][3], 0, 0);
+            const void* xr = at(P->x, n, rows[r][2], rows[r][3], 0, 0);
             const int64_t t0 = (rows[r][0] * P->K[1] + rows[r][1]) * Kw;
             for (int64_t kw0 = 0; kw0 < Kw; kw0 += DW_KW) {
                 const int kw = (int)std::min<int64_t>(DW_KW, Kw - kw0);
                 const int64_t off = kw0 * P->d[2] - P->pb[2];
-                dw_blocks_table()[kw - 1](xr, xpix, yr, ypix, U, P->s[2], P->d[2], off, Lw, C,
-                                          partial + (t0 + kw0) * LP, LP, pf);
+                fns[kw - 1](xr, xpix, yr, ypix, U, P->s[2], P->d[2], off, Lw, C,
+                            partial + (t0 + kw0) * LP, LP, pf);
             }
         }
     }
@@ -1032,9 +1049,9 @@ extern "C" {
 
 // grouped.py: _DwDgrad, same field order.
 struct DwDgradProblem {
-    Tensor dy;                 // n, d, h, w, c: float32, unit channel stride
-    float* dx;                 // float32, unit channel stride
-    int64_t ostride[4];        // dx strides n, d, h, w (floats)
+    Tensor dy;                 // n, d, h, w, c: unit channel stride
+    void* dx;                  // dy's element type, unit channel stride
+    int64_t ostride[4];        // dx strides n, d, h, w (elements)
     int64_t N, L[3], M[3], C;
     int64_t K[3], s[3], d[3], pb[3];
     const float* w;            // [tap][LP] float32 (LP: C rounded up to whole vectors)
@@ -1050,14 +1067,15 @@ void cg_dw_dgrad_run(const DwDgradProblem* P, int64_t lo, int64_t hi);
 
 namespace {
 
-constexpr int DWD_TERMS = 12;   // (dy row, tap) terms of one phase a block sums at most
+constexpr int DWD_TERMS = 12;
+constexpr int PFW_AHEAD = 8;    // dx pixels ahead whose lines are fetched for writing   // (dy row, tap) terms of one phase a block sums at most
 
 // A run of M terms on one dy row whose offsets fall by one from term to term (taps
 // kw, kw + 1, ... at dilation 1 and stride 1): the R + M - 1 dy pixels they read are
 // loaded once each and meet every tap there.
-template <int R, int NV, int M, bool TAIL>
-CG_INLINE void dwd_run(vf (&acc)[R][NV], const float* p, const float* const* wk, int64_t ypix,
-                       int64_t c, int nl) {
+template <int R, int NV, int M, bool TAIL, int64_t DT>
+CG_INLINE void dwd_run(vf (&acc)[R][NV], const typename Elem<DT>::T* p, const float* const* wk,
+                       int64_t ypix, int64_t c, int nl) {
     vf wv[M][NV];
 #pragma GCC unroll 8
     for (int t = 0; t < M; t++)
@@ -1067,7 +1085,7 @@ CG_INLINE void dwd_run(vf (&acc)[R][NV], const float* p, const float* const* wk,
     for (int j = 0; j < R + M - 1; j++) {
         vf x[NV];
 #pragma GCC unroll 2
-        for (int v = 0; v < NV; v++) x[v] = lane_load<TAIL>(p + j * ypix + v * VL, nl);
+        for (int v = 0; v < NV; v++) x[v] = lane_load<TAIL, DT>(p + j * ypix + v * VL, nl);
 #pragma GCC unroll 8
         for (int t = 0; t < M; t++) {
             const int i = j - (M - 1 - t);
@@ -1089,7 +1107,7 @@ struct DwdRuns {
 
 constexpr int DWD_RUN_MAX = 4;
 
-inline void dwd_runs(const float* const* b, const int64_t* off, int nt, DwdRuns& runs) {
+inline void dwd_runs(const void* const* b, const int64_t* off, int nt, DwdRuns& runs) {
     int len[DWD_TERMS], n = 0;
     bool same = true;
     for (int k = 0; k < nt;) {
@@ -1113,10 +1131,10 @@ inline void dwd_runs(const float* const* b, const int64_t* off, int nt, DwdRuns&
 // longer fit in registers across the channels), the dy pixels from L1.  Every dx
 // line is written whole, a pixel's channels at once: with streaming stores (STREAM)
 // it goes to memory without being read first.
-template <int R, int NV, int M, bool TAIL, bool STREAM>
-CG_INLINE void dwd_block(const float* const* b, const float* const* wk, const DwdRuns& runs,
-                         int64_t ypix, int64_t q0, int64_t c, float* out, int64_t ostep,
-                         int nl) {
+template <int R, int NV, int M, bool TAIL, bool STREAM, int64_t DT>
+CG_INLINE void dwd_block(const typename Elem<DT>::T* const* b, const float* const* wk,
+                         const DwdRuns& runs, int64_t ypix, int64_t q0, int64_t c,
+                         typename Elem<DT>::T* out, int64_t ostep, int nl) {
     vf acc[R][NV];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
@@ -1124,26 +1142,29 @@ CG_INLINE void dwd_block(const float* const* b, const float* const* wk, const Dw
         for (int v = 0; v < NV; v++) acc[i][v] = zero();
     for (int r = 0; r < runs.n; r++) {
         const int k = runs.first[r];
-        dwd_run<R, NV, M, TAIL>(acc, b[k] + (q0 + runs.lowest[r]) * ypix + c, wk + k, ypix, c,
-                                nl);
+        dwd_run<R, NV, M, TAIL, DT>(acc, b[k] + (q0 + runs.lowest[r]) * ypix + c, wk + k, ypix,
+                                    c, nl);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 2
         for (int v = 0; v < NV; v++) {
-            float* o = out + i * ostep + c + v * VL;
-            if (TAIL) store_n(o, acc[i][v], nl);
-            else if (STREAM) stream_store(o, acc[i][v]);
-            else store(o, acc[i][v]);
+            auto* o = out + i * ostep + c + v * VL;
+            if constexpr (TAIL) store_as_n<DT>(o, acc[i][v], nl);
+            else if constexpr (STREAM && DT == F32) stream_store(o, acc[i][v]);
+            else store_as<DT>(o, acc[i][v]);
         }
 }
 
 // The dx pixels [q0, q1) of one phase (all channels), R at a time where every term
 // reads inside dy, one at a time (skipping the terms outside) elsewhere.
-template <int M, bool STREAM>
-void dwd_blocks(const float* const* b, const int64_t* off, const float* const* wk, int nt,
+template <int M, bool STREAM, int64_t DT>
+void dwd_blocks(const void* const* bv, const int64_t* off, const float* const* wk, int nt,
                 const DwdRuns& runs, int64_t ypix, int64_t Q, int64_t Mw, int64_t C,
-                float* out, int64_t ostep, Streamer& pf) {
+                void* outv, int64_t ostep, Streamer& pf) {
+    typedef typename Elem<DT>::T T;
+    const T* const* b = (const T* const*)bv;
+    T* out = (T*)outv;
     constexpr int R = 4, NB = 2 * VL;
     const int64_t pairs = C / NB * NB, full = C / VL * VL;
     const int tail = (int)(C - full);
@@ -1155,19 +1176,25 @@ void dwd_blocks(const float* const* b, const int64_t* off, const float* const* w
     hi = std::max(lo, hi);
     auto span = [&](int64_t q0, auto rc) {
         constexpr int RR = decltype(rc)::value;
-        float* o = out + q0 * ostep;
+        T* o = out + q0 * ostep;
+        T* ahead = out + (q0 + PFW_AHEAD) * ostep;
+        const bool pfw = !STREAM && (cg_dbg & 32) == 0 && q0 + PFW_AHEAD + RR <= hi;
         for (int64_t c = 0; c < pairs; c += NB) {
             pf.step();
-            dwd_block<RR, 2, M, false, STREAM>(b, wk, runs, ypix, q0, c, o, ostep, VL);
+            if (pfw)
+#pragma GCC unroll 4
+                for (int i = 0; i < RR; i++) __builtin_prefetch(ahead + i * ostep + c, 1, 3);
+            dwd_block<RR, 2, M, false, STREAM, DT>(b, wk, runs, ypix, q0, c, o, ostep, VL);
         }
-        if (full > pairs) dwd_block<RR, 1, M, false, false>(b, wk, runs, ypix, q0, pairs, o, ostep, VL);
-        if (tail) dwd_block<RR, 1, M, true, false>(b, wk, runs, ypix, q0, full, o, ostep, tail);
+        if (full > pairs)
+            dwd_block<RR, 1, M, false, false, DT>(b, wk, runs, ypix, q0, pairs, o, ostep, VL);
+        if (tail) dwd_block<RR, 1, M, true, false, DT>(b, wk, runs, ypix, q0, full, o, ostep, tail);
     };
     int64_t q = lo;
     for (; q + R <= hi; q += R) span(q, std::integral_constant<int, R>{});
     for (; q < hi; q++) span(q, std::integral_constant<int, 1>{});
     // the pixels where some term reads outside dy
-    const float* bk[DWD_TERMS];
+    const T* bk[DWD_TERMS];
     const float* wkk[DWD_TERMS];
     int64_t offk[DWD_TERMS];
     for (int64_t qq = 0; qq < Q; qq++) {
@@ -1178,33 +1205,40 @@ void dwd_blocks(const float* const* b, const int64_t* off, const float* const* w
             const int64_t pix = qq + off[k];
             if (pix >= 0 && pix < Mw) bk[m] = b[k], wkk[m] = wk[k], offk[m++] = off[k];
         }
-        float* o = out + qq * ostep;
+        T* o = out + qq * ostep;
         for (int64_t c = 0; c < full; c += VL) {
             vf acc = zero();
             for (int k = 0; k < m; k++)
-                acc += load(bk[k] + (qq + offk[k]) * ypix + c) * load(wkk[k] + c);
-            store(o + c, acc);
+                acc += load_as<DT>(bk[k] + (qq + offk[k]) * ypix + c) * load(wkk[k] + c);
+            store_as<DT>(o + c, acc);
         }
         if (tail) {
             vf acc = zero();
             for (int k = 0; k < m; k++)
-                acc += load_n(bk[k] + (qq + offk[k]) * ypix + full, tail) * load_n(wkk[k] + full, tail);
-            store_n(o + full, acc, tail);
+                acc += load_as_n<DT>(bk[k] + (qq + offk[k]) * ypix + full, tail) *
+                       load_n(wkk[k] + full, tail);
+            store_as_n<DT>(o + full, acc, tail);
         }
     }
 }
 
-typedef void (*dwd_blocks_fn)(const float* const*, const int64_t*, const float* const*, int,
-                              const DwdRuns&, int64_t, int64_t, int64_t, int64_t, float*,
+typedef void (*dwd_blocks_fn)(const void* const*, const int64_t*, const float* const*, int,
+                              const DwdRuns&, int64_t, int64_t, int64_t, int64_t, void*,
                               int64_t, Streamer&);
 
-// [(m - 1) * 2 + stream]
-const dwd_blocks_fn* dwd_blocks_table() {
-    static const dwd_blocks_fn t[2 * DWD_RUN_MAX] = {
-        &dwd_blocks<1, false>, &dwd_blocks<1, true>, &dwd_blocks<2, false>,
-        &dwd_blocks<2, true>,  &dwd_blocks<3, false>, &dwd_blocks<3, true>,
-        &dwd_blocks<4, false>, &dwd_blocks<4, true>};
-    return t;
+template <int64_t DT, int... M>
+constexpr std::array<dwd_blocks_fn, sizeof...(M)> dwd_blocks_of(
+    std::integer_sequence<int, M...>) {
+    return {&dwd_blocks<M / 2 + 1, M % 2 == 1, DT>...};
+}
+
+// [(m - 1) * 2 + stream] for dy and dx of element type dt (streaming: float32 only)
+const dwd_blocks_fn* dwd_blocks_table(int64_t dt) {
+    static const std::array<dwd_blocks_fn, 2 * DWD_RUN_MAX> t[3] = {
+        dwd_blocks_of<F32>(std::make_integer_sequence<int, 2 * DWD_RUN_MAX>{}),
+        dwd_blocks_of<F16>(std::make_integer_sequence<int, 2 * DWD_RUN_MAX>{}),
+        dwd_blocks_of<BF16>(std::make_integer_sequence<int, 2 * DWD_RUN_MAX>{})};
+    return t[dt].data();
 }
 
 // The dy rows (kd, kh) that dx line l meets: (kd, kh, od, oh), at most 64.
@@ -1235,9 +1269,10 @@ void cg_dw_dgrad_run(const DwDgradProblem* P, int64_t lo, int64_t hi) {
     const int64_t C = P->C, LP = (C + VL - 1) / VL * VL;
     const int64_t Kw = P->K[2], sw = P->s[2], Lw = P->L[2], Mw = P->M[2];
     const int64_t ypix = P->dy.stride[3], opix = P->ostride[3];
-    const dwd_blocks_fn* fns = dwd_blocks_table();
+    const dwd_blocks_fn* fns = dwd_blocks_table(P->dy.dtype);
+    const int64_t es = itemsize(P->dy.dtype);   // dy and dx: one element type
     int64_t rows[64][4], next_rows[64][4];
-    const float* b[DWD_TERMS];
+    const void* b[DWD_TERMS];
     const float* wk[DWD_TERMS];
     int64_t off[DWD_TERMS];
     Streamer pf;
@@ -1253,18 +1288,19 @@ void cg_dw_dgrad_run(const DwDgradProblem* P, int64_t lo, int64_t hi) {
                 for (int k = 0; k < nr && !have && n2 == n; k++)
                     have = rows[k][2] == next_rows[j][2] && rows[k][3] == next_rows[j][3];
                 if (!have)
-                    pf.add(at(P->dy, n2, next_rows[j][2], next_rows[j][3], 0, 0), 4 * Mw * ypix);
+                    pf.add(at(P->dy, n2, next_rows[j][2], next_rows[j][3], 0, 0), es * Mw * ypix);
             }
         }
         // prefetch steps: one per block of pixels and pair of lane vectors
         const int64_t steps = std::max<int64_t>(1, (Lw / 4) * std::max<int64_t>(1, C / (2 * VL)));
         pf.per = (int)std::min<int64_t>(16, (pf.lines() + steps - 1) / steps);
-        float* line = P->dx + n * P->ostride[0] + xd * P->ostride[1] + xh * P->ostride[2];
+        char* line = (char*)P->dx +
+                     es * (n * P->ostride[0] + xd * P->ostride[1] + xh * P->ostride[2]);
         for (int64_t r = 0; r < sw && r < Lw; r++) {
             const int64_t Q = (Lw - r + sw - 1) / sw;
             int nt = 0;
             for (int j = 0; j < nr; j++) {
-                const float* row = (const float*)at(P->dy, n, rows[j][2], rows[j][3], 0, 0);
+                const void* row = at(P->dy, n, rows[j][2], rows[j][3], 0, 0);
                 for (int64_t kw = 0; kw < Kw; kw++) {
                     const int64_t a = r + P->pb[2] - kw * P->d[2];
                     if (((a % sw) + sw) % sw) continue;
@@ -1276,12 +1312,12 @@ void cg_dw_dgrad_run(const DwDgradProblem* P, int64_t lo, int64_t hi) {
                     nt++;
                 }
             }
-            float* out = line + r * opix;
+            char* out = line + es * r * opix;
             // (no terms: every block sums nothing and stores zeros)
             DwdRuns runs;
             dwd_runs(b, off, nt, runs);
-            fns[(runs.m - 1) * 2 + (P->stream ? 1 : 0)](b, off, wk, nt, runs, ypix, Q, Mw, C, out,
-                                                        sw * opix, pf);
+            fns[(runs.m - 1) * 2 + (P->stream && P->dy.dtype == F32 ? 1 : 0)](
+                b, off, wk, nt, runs, ypix, Q, Mw, C, out, sw * opix, pf);
         }
     }
     if (P->stream) stream_fence();

@@ -218,6 +218,111 @@ static inline void convert_run(float* dst, const void* src, int64_t dtype, int64
     }
 }
 
+// -- whole vectors in a tensor's element type -------------------------------------------
+//
+// VL elements of type Elem<DT>::T (float, or the 16 bits of a float16 / bfloat16)
+// converted to and from a float vector inside a kernel's loads and stores, with the
+// same values as convert_run / store_run (F16C where the build has it).
+
+template <int64_t DT> struct Elem { typedef uint16_t T; };
+template <> struct Elem<F32> { typedef float T; };
+
+typedef uint32_t vu32 __attribute__((vector_size(VL * 4)));
+typedef uint16_t vu16 __attribute__((vector_size(VL * 2)));
+typedef uint16_t vu16u __attribute__((vector_size(VL * 2), aligned(2), may_alias));
+
+template <int64_t DT>
+static inline vf load_as(const typename Elem<DT>::T* p) {
+    if constexpr (DT == F32) {
+        return load(p);
+    } else if constexpr (DT == BF16) {
+        // (GCC widens the generic vector in 128-bit halves: 4 instructions more)
+#if defined(CG_EMULATE_VL16) || !(defined(CG_ISA_AVX512) || defined(CG_ISA_AVX2))
+        return (vf)(__builtin_convertvector(*reinterpret_cast<const vu16u*>(p), vu32) << 16);
+#elif defined(CG_ISA_AVX512)
+        return (vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16);
+#else
+        return (vf)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16);
+#endif
+    } else {
+#if defined(CG_EMULATE_VL16) || !(defined(CG_ISA_AVX512) || defined(CG_ISA_AVX2))
+        vf v;
+        for (int i = 0; i < VL; i++) v[i] = half_to_float(p[i]);
+        return v;
+#elif defined(CG_ISA_AVX512)
+        return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+#else
+        return (vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+#endif
+    }
+}
+
+template <int64_t DT>
+static inline void store_as(typename Elem<DT>::T* p, vf v) {
+    if constexpr (DT == F32) {
+        store(p, v);
+    } else if constexpr (DT == BF16) {
+        // round to nearest even; a NaN keeps its top bits, made quiet (float_to_bf16)
+#if defined(CG_EMULATE_VL16) || !(defined(CG_ISA_AVX512) || defined(CG_ISA_AVX2))
+        const vu32 b = (vu32)v;
+        const vu32 rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+        const vu32 quiet = (b >> 16) | 0x0040u;
+        const vu32 r = ((b & 0x7FFFFFFFu) > 0x7F800000u) ? quiet : rounded;
+        *reinterpret_cast<vu16u*>(p) = __builtin_convertvector(r, vu16);
+#elif defined(CG_ISA_AVX512)
+        const __m512i b = _mm512_castps_si512((__m512)v), hi = _mm512_srli_epi32(b, 16);
+        const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+        __m512i r = _mm512_srli_epi32(
+            _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+        r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask((__m512)v, (__m512)v, _CMP_UNORD_Q),
+                                  _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+        _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(r));
+#else
+        const __m256i b = _mm256_castps_si256((__m256)v), hi = _mm256_srli_epi32(b, 16);
+        const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+        __m256i r = _mm256_srli_epi32(
+            _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+        r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)),
+                               _mm256_castps_si256(_mm256_cmp_ps((__m256)v, (__m256)v, _CMP_UNORD_Q)));
+        // every lane holds 16 bits: the unsigned saturating pack is a plain narrowing
+        _mm_storeu_si128((__m128i*)p, _mm_packus_epi32(_mm256_castsi256_si128(r),
+                                                       _mm256_extracti128_si256(r, 1)));
+#endif
+    } else {
+#if defined(CG_EMULATE_VL16) || !(defined(CG_ISA_AVX512) || defined(CG_ISA_AVX2))
+        for (int i = 0; i < VL; i++) p[i] = float_to_half(v[i]);
+#elif defined(CG_ISA_AVX512)
+        _mm256_storeu_si256((__m256i*)p, _mm512_cvtps_ph((__m512)v, _MM_FROUND_TO_NEAREST_INT));
+#else
+        _mm_storeu_si128((__m128i*)p, _mm256_cvtps_ph((__m256)v, _MM_FROUND_TO_NEAREST_INT));
+#endif
+    }
+}
+
+// The first n (< VL) elements from p, the other lanes zero; never reads past p + n.
+template <int64_t DT>
+static inline vf load_as_n(const typename Elem<DT>::T* p, int n) {
+    if constexpr (DT == F32) {
+        return load_n(p, n);
+    } else {
+        typename Elem<DT>::T t[VL] = {};
+        std::memcpy(t, p, n * sizeof(t[0]));
+        return load_as<DT>(t);
+    }
+}
+
+// Store the first n (< VL) lanes to p; never writes past p + n.
+template <int64_t DT>
+static inline void store_as_n(typename Elem<DT>::T* p, vf v, int n) {
+    if constexpr (DT == F32) {
+        store_n(p, v, n);
+    } else {
+        typename Elem<DT>::T t[VL];
+        store_as<DT>(t, v);
+        std::memcpy(p, t, n * sizeof(t[0]));
+    }
+}
+
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v8u __attribute__((vector_size(32), aligned(4), may_alias));
 typedef int32_t i8 __attribute__((vector_size(32)));
