@@ -169,11 +169,13 @@ def test_channels_last_depthwise_gradients_stream(isa, name, rng, monkeypatch):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("stride", [1, 2])
-def test_depthwise_data_gradient_streams_into_recycled_results(isa, stride, rng,
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16], ids=["f32", "f16", "bf16"])
+def test_depthwise_data_gradient_streams_into_recycled_results(isa, stride, dtype, rng,
                                                               monkeypatch):
     """A large channels-last depthwise data gradient whose result memory comes back from
     the pool (its pages mapped) is written with streaming stores, whole cache lines at a
-    time, partial pixel blocks and padded edges included; a fresh result is not."""
+    time (16-bit: 64 channels, 128 bytes a pixel), partial pixel blocks and padded edges
+    included; a fresh result is not."""
     from convgrad.kernels import _results
     monkeypatch.setattr(_results, "STREAM_MIN_BYTES", 0)
     monkeypatch.setattr(_results, "MIN_BYTES", 0)
@@ -182,7 +184,7 @@ def test_depthwise_data_gradient_streams_into_recycled_results(isa, stride, rng,
     monkeypatch.setattr(grouped, "_streams_dx", lambda dx, vl: decided.append(real(dx, vl))
                         or decided[-1])
     c = case(2, groups=64, cg=1, og=1, size=(13, 23), k=3, s=stride, pb=1, pe=(0, 1), n=2)
-    _, w, dy = make_arrays(c, rng, np.float32, True)
+    _, w, dy = make_arrays(c, rng, dtype, True)
     args = dict(strides=c["strides"], dilations=c["dilations"], pads_begin=c["pads_begin"],
                 groups=c["groups"])
     want = naive.dgrad(np.asarray(w, np.float64), np.asarray(dy, np.float64), c["in_sizes"],
@@ -191,7 +193,8 @@ def test_depthwise_data_gradient_streams_into_recycled_results(isa, stride, rng,
     with convgrad.config(algo="grouped", isa=isa, threads=2):
         for _ in range(3):
             dx = convgrad.conv_data_grad(w, dy, (2, 64, 13, 23), **kwargs(c))
-            assert_close(dx, want, np.float32)
+            assert dx.dtype == np.dtype(dtype)
+            assert_close(dx, want, dtype)
             del dx
     assert decided == [False, True, True]
 

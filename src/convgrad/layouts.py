@@ -26,6 +26,7 @@ the compute dtype in one pass.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,7 +140,7 @@ class WeightLayout:
         t = a.transpose(self._perm(spatial_rank))
         k = t.shape[t.ndim - spatial_rank:]
         head = t.shape[:t.ndim - spatial_rank]
-        o = int(np.prod(head[:2])) if "g" in self.roles else head[0]
+        o = int(math.prod(head[:2])) if "g" in self.roles else head[0]
         cg = head[-1] if "c" in self.roles else 1
         return t.reshape(o, cg, *k)
 

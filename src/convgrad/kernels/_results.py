@@ -18,6 +18,7 @@ empty pool.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections import OrderedDict
@@ -101,7 +102,7 @@ def empty(shape, dtype) -> np.ndarray:
     """An uninitialized C-contiguous array, ``ALIGN``-byte aligned when it is large
     enough to come from the pool."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = int(math.prod(shape)) * dtype.itemsize
     if nbytes < MIN_BYTES:
         return np.empty(shape, dtype)
     size = -(-nbytes // GRAIN) * GRAIN

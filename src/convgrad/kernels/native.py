@@ -446,7 +446,7 @@ def permuted_copy(a: np.ndarray) -> np.ndarray | None:
     shape = _i64([1] * pad + [a.shape[i] for i in batch] + [a.shape[rows], a.shape[last]])
     ss = _i64([0] * pad + [sstr[i] for i in batch] + [sstr[rows], sstr[last]])
     ds = _i64([0] * pad + [dstr[i] for i in batch] + [dstr[rows], dstr[last]])
-    nb = int(np.prod(shape[:3]))
+    nb = int(math.prod(shape[:3]))
     threads = _threads(a.size * 64)
 
     def run(lo, hi):

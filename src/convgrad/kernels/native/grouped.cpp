@@ -1151,8 +1151,7 @@ CG_INLINE void dwd_block(const typename Elem<DT>::T* const* b, const float* cons
         for (int v = 0; v < NV; v++) {
             auto* o = out + i * ostep + c + v * VL;
             if constexpr (TAIL) store_as_n<DT>(o, acc[i][v], nl);
-            else if constexpr (STREAM && DT == F32) stream_store(o, acc[i][v]);
-            else store_as<DT>(o, acc[i][v]);
+            else store_as<DT, STREAM>(o, acc[i][v]);
         }
 }
 
@@ -1232,7 +1231,7 @@ constexpr std::array<dwd_blocks_fn, sizeof...(M)> dwd_blocks_of(
     return {&dwd_blocks<M / 2 + 1, M % 2 == 1, DT>...};
 }
 
-// [(m - 1) * 2 + stream] for dy and dx of element type dt (streaming: float32 only)
+// [(m - 1) * 2 + stream] for dy and dx of element type dt
 const dwd_blocks_fn* dwd_blocks_table(int64_t dt) {
     static const std::array<dwd_blocks_fn, 2 * DWD_RUN_MAX> t[3] = {
         dwd_blocks_of<F32>(std::make_integer_sequence<int, 2 * DWD_RUN_MAX>{}),
@@ -1316,7 +1315,7 @@ void cg_dw_dgrad_run(const DwDgradProblem* P, int64_t lo, int64_t hi) {
             // (no terms: every block sums nothing and stores zeros)
             DwdRuns runs;
             dwd_runs(b, off, nt, runs);
-            fns[(runs.m - 1) * 2 + (P->stream && P->dy.dtype == F32 ? 1 : 0)](
+            fns[(runs.m - 1) * 2 + (P->stream ? 1 : 0)](
                 b, off, wk, nt, runs, ypix, Q, Mw, C, out, sw * opix, pf);
         }
     }

@@ -257,10 +257,27 @@ static inline vf load_as(const typename Elem<DT>::T* p) {
     }
 }
 
-template <int64_t DT>
+// NT: a streaming store (p aligned to the stored bytes; builds without AVX store
+// plainly), see stream_store.
+#if defined(CG_ISA_AVX512) && !defined(CG_EMULATE_VL16)
+template <bool NT>
+static inline void put_bits(void* p, __m256i x) {
+    if constexpr (NT) _mm256_stream_si256((__m256i*)p, x);
+    else _mm256_storeu_si256((__m256i*)p, x);
+}
+#elif defined(CG_ISA_AVX2) && !defined(CG_EMULATE_VL16)
+template <bool NT>
+static inline void put_bits(void* p, __m128i x) {
+    if constexpr (NT) _mm_stream_si128((__m128i*)p, x);
+    else _mm_storeu_si128((__m128i*)p, x);
+}
+#endif
+
+template <int64_t DT, bool NT = false>
 static inline void store_as(typename Elem<DT>::T* p, vf v) {
     if constexpr (DT == F32) {
-        store(p, v);
+        if constexpr (NT) stream_store(p, v);
+        else store(p, v);
     } else if constexpr (DT == BF16) {
         // round to nearest even; a NaN keeps its top bits, made quiet (float_to_bf16)
 #if defined(CG_EMULATE_VL16) || !(defined(CG_ISA_AVX512) || defined(CG_ISA_AVX2))
@@ -276,7 +293,7 @@ static inline void store_as(typename Elem<DT>::T* p, vf v) {
             _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF)), lsb), 16);
         r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask((__m512)v, (__m512)v, _CMP_UNORD_Q),
                                   _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-        _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(r));
+        put_bits<NT>(p, _mm512_cvtepi32_epi16(r));
 #else
         const __m256i b = _mm256_castps_si256((__m256)v), hi = _mm256_srli_epi32(b, 16);
         const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
@@ -285,16 +302,16 @@ static inline void store_as(typename Elem<DT>::T* p, vf v) {
         r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)),
                                _mm256_castps_si256(_mm256_cmp_ps((__m256)v, (__m256)v, _CMP_UNORD_Q)));
         // every lane holds 16 bits: the unsigned saturating pack is a plain narrowing
-        _mm_storeu_si128((__m128i*)p, _mm_packus_epi32(_mm256_castsi256_si128(r),
-                                                       _mm256_extracti128_si256(r, 1)));
+        put_bits<NT>(p, _mm_packus_epi32(_mm256_castsi256_si128(r),
+                                         _mm256_extracti128_si256(r, 1)));
 #endif
     } else {
 #if defined(CG_EMULATE_VL16) || !(defined(CG_ISA_AVX512) || defined(CG_ISA_AVX2))
         for (int i = 0; i < VL; i++) p[i] = float_to_half(v[i]);
 #elif defined(CG_ISA_AVX512)
-        _mm256_storeu_si256((__m256i*)p, _mm512_cvtps_ph((__m512)v, _MM_FROUND_TO_NEAREST_INT));
+        put_bits<NT>(p, _mm512_cvtps_ph((__m512)v, _MM_FROUND_TO_NEAREST_INT));
 #else
-        _mm_storeu_si128((__m128i*)p, _mm256_cvtps_ph((__m256)v, _MM_FROUND_TO_NEAREST_INT));
+        put_bits<NT>(p, _mm256_cvtps_ph((__m256)v, _MM_FROUND_TO_NEAREST_INT));
 #endif
     }
 }
