@@ -163,7 +163,9 @@ def test_report_numbers_come_from_the_record(tmp_path):
     record["ceilings"] = {"gemm": {"n": 8, "ms": 1.0, "gflops": 50.0},
                           "copy": {"bytes": 2**20, "ms": 1.0, "gbps": 10.0},
                           "fma": {"gflops": 80.0, "threads": 2, "isa": "avx2",
-                                  "runs": [80.0]}}
+                                  "runs": [80.0]},
+                          "wake": {"threads": 2, "pause_s": 0.15, "hot_ms": 5.03,
+                                   "after_pause_ms": 7.61}}
     record["summary"] = summarize(record)
     paths = write_report(record, tmp_path)
     md = open(paths["markdown"]).read()
@@ -187,6 +189,8 @@ def test_report_numbers_come_from_the_record(tmp_path):
         assert row["NCX"] == f"{peer / ms['convgrad NCX/OIX']:.2f}"
         assert row["peer % peak"] == f"{100 * e['flops'] / peer / 1e6 / 80.0:.0f}"
         assert "TF" not in row and row["fastest peer"] in ("torch", "torch CL")
+    assert "After the 0.15 s pause: a burst of FMAs on 2 threads takes 7.61 ms against " \
+        "5.03 ms back to back" in md
     geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
     assert re.search(rf"Geometric mean of \(fastest peer time / convgrad time\): {geo:.3f}\*\*",
                      md)
@@ -194,6 +198,19 @@ def test_report_numbers_come_from_the_record(tmp_path):
         record["results"][0]["parties"]["torch"]["ms"]
     if "png" in paths:
         assert open(paths["png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_wake_penalty_times_the_same_burst_hot_and_after_the_pause():
+    """The header's wake-up figure: both medians are of one burst (about burst_ms on
+    every thread), none without a pause."""
+    from convgrad.bench.harness import wake_penalty
+    from convgrad.kernels import native
+    if native.available() is not None:
+        pytest.skip("needs the native engine")
+    assert wake_penalty(2, 0.0) is None
+    w = wake_penalty(2, 0.01, burst_ms=2.0, repeat=3)
+    assert w["threads"] == 2 and w["pause_s"] == 0.01
+    assert 0.5 < w["hot_ms"] < 200 and 0.5 < w["after_pause_ms"] < 200
 
 
 def test_refusals_are_listed_in_the_report():

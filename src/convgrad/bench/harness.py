@@ -141,6 +141,37 @@ def fma_peak(threads: int) -> dict | None:
         return native.fma_peak(threads)
 
 
+def wake_penalty(threads: int, pause: float, burst_ms: float = 5.0, repeat: int = 7
+                 ) -> dict | None:
+    """How long a short burst of compute takes right after the protocol's ``pause``
+    against back to back: the engine's FMA loop on ``threads`` threads, sized to about
+    ``burst_ms``; medians of ``repeat``.  Every timed call of the run starts after such
+    a pause, so on a host whose cores slow down while idle (measured here: 1.5-3x for
+    the first milliseconds) short calls are timed largely in that state, for every
+    party.  None without the engine or without a pause."""
+    from ..kernels import _pool, native
+    if native.available() is not None or pause <= 0:
+        return None
+    lib = native.engine().lib
+    iters = 1 << 14
+    t0 = time.perf_counter()
+    lib.cg_fma_loop(iters)
+    iters = max(iters, int(iters * burst_ms * 1e-3 / max(time.perf_counter() - t0, 1e-7)))
+
+    def burst() -> float:
+        t = time.perf_counter()
+        _pool.run_tasks([lambda: lib.cg_fma_loop(iters)] * threads, threads)
+        return (time.perf_counter() - t) * 1e3
+    burst()
+    hot = statistics.median(burst() for _ in range(repeat))
+    after = []
+    for _ in range(repeat):
+        time.sleep(pause)
+        after.append(burst())
+    return {"threads": threads, "pause_s": pause, "hot_ms": hot,
+            "after_pause_ms": statistics.median(after)}
+
+
 def copy_bandwidth(nbytes: int = 256 * 2**20, repeat: int = 5) -> dict:
     """Median GB/s of a NumPy copy of a large float32 array (read + written bytes)."""
     src = np.ones(nbytes // 4, np.float32)
@@ -534,7 +565,8 @@ def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repe
     with _blas_threads(threads) as blas, convgrad.config(precision=precision):
         record["thread_settings"]["numpy_blas"] = blas
         record["ceilings"] = ({"gemm": gemm_ceiling(), "copy": copy_bandwidth(),
-                               "fma": fma_peak(threads)} if ceilings else {})
+                               "fma": fma_peak(threads),
+                               "wake": wake_penalty(threads, pause)} if ceilings else {})
         if progress:
             progress(0, len(problems), "starting")
         for i, (lay, op) in enumerate(problems):

@@ -88,6 +88,12 @@ def markdown(record: dict) -> str:
         lines.append(f"- GEMM ceiling: NumPy float32 {g['n']}^3 GEMM, {g['gflops']:.1f} GFLOP/s "
                      f"({g['ms']:.1f} ms). Memory bandwidth: NumPy copy of "
                      f"{c['bytes'] / 2**20:.0f} MiB, {c['gbps']:.2f} GB/s (read + written).")
+        wake = ceil.get("wake")
+        if wake:
+            lines.append(f"- After the {wake['pause_s']} s pause: a burst of FMAs on "
+                         f"{wake['threads']} threads takes {wake['after_pause_ms']:.2f} ms "
+                         f"against {wake['hot_ms']:.2f} ms back to back (medians); every timed "
+                         "call starts in that state, so short calls are slowed for every party.")
     if "geomean_ratio" in summ:
         lines.append(f"- **Geometric mean of (fastest peer time / convgrad time): "
                      f"{summ['geomean_ratio']:.3f}** over {summ['compared']} problems "
