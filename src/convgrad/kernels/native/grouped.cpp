@@ -1067,8 +1067,8 @@ void cg_dw_dgrad_run(const DwDgradProblem* P, int64_t lo, int64_t hi);
 
 namespace {
 
-constexpr int DWD_TERMS = 12;
-constexpr int PFW_AHEAD = 8;    // dx pixels ahead whose lines are fetched for writing   // (dy row, tap) terms of one phase a block sums at most
+constexpr int DWD_TERMS = 12;   // (dy row, tap) terms of one phase a block sums at most
+constexpr int PFW_AHEAD = 8;    // dx pixels ahead whose lines are fetched for writing
 
 // A run of M terms on one dy row whose offsets fall by one from term to term (taps
 // kw, kw + 1, ... at dilation 1 and stride 1): the R + M - 1 dy pixels they read are
@@ -1176,8 +1176,9 @@ void dwd_blocks(const void* const* bv, const int64_t* off, const float* const* w
     auto span = [&](int64_t q0, auto rc) {
         constexpr int RR = decltype(rc)::value;
         T* o = out + q0 * ostep;
-        T* ahead = out + (q0 + PFW_AHEAD) * ostep;
+        // (plain stores: the lines of the pixels PFW_AHEAD on, read for ownership early)
         const bool pfw = !STREAM && (cg_dbg & 32) == 0 && q0 + PFW_AHEAD + RR <= hi;
+        const T* ahead = pfw ? o + PFW_AHEAD * ostep : o;
         for (int64_t c = 0; c < pairs; c += NB) {
             pf.step();
             if (pfw)
