@@ -21,6 +21,16 @@ def assert_close(got, want, dtype=None, *, tol=None):
     assert err <= (tol if tol is not None else TOL[dtype]) * scale, (err, scale)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_choices():
+    """The chooser caches its decisions by call and settings (kernels.select); tests
+    change kernel constants and engines, so each starts without cached decisions."""
+    from convgrad import kernels
+    kernels.clear_choices()
+    yield
+    kernels.clear_choices()
+
+
 @pytest.fixture
 def rng(request):
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))

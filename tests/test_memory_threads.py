@@ -168,6 +168,7 @@ def test_layout_copies_count_against_the_workspace_budget(monkeypatch):
             for call in (ncx, nxc, None):
                 assert kernels.select("dgrad", geom, np.float32, call=call).name == "grouped"
     monkeypatch.setattr(chooser, "GROUPED_MAX_CHANNELS", 0)
+    kernels.clear_choices()          # (decisions are cached by call and settings)
     blockwise = "native" if native.available() is None else "im2col"
     with convgrad.config(workspace_bytes=copies // 2):
         assert kernels.select("dgrad", geom, np.float32, call=ncx).name == blockwise

@@ -53,7 +53,24 @@ def compute(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
 def describe(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry, dtype,
              result_layouts=kernels.ANY_LAYOUT, result_in_dtype: bool = False
              ) -> kernels.Call:
-    """The call as the kernels' memory estimates see it (``kernels.Call``)."""
+    """The call as the kernels' memory estimates see it (``kernels.Call``); the
+    descriptions of recent calls are kept (by shapes, strides and dtypes)."""
+    key = (kind, geom, a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype,
+           np.dtype(dtype), frozenset(result_layouts), result_in_dtype)
+    found = _DESCRIBED.get(key)
+    if found is None:
+        found = _describe(kind, a, b, geom, dtype, result_layouts, result_in_dtype)
+        if len(_DESCRIBED) >= 256:
+            _DESCRIBED.clear()
+        _DESCRIBED[key] = found
+    return found
+
+
+_DESCRIBED: dict[tuple, kernels.Call] = {}
+
+
+def _describe(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry, dtype,
+              result_layouts, result_in_dtype: bool) -> kernels.Call:
     wa, wb = _WEIGHT_ARGS[kind]
     out_shape = kernels.canonical_shapes(kind, geom)[2]
     return kernels.Call(kind, geom, compute_dtype(np.dtype(dtype)), operand(a, wa),
