@@ -21,7 +21,9 @@ SOURCES = sorted(glob.glob("src/convgrad/kernels/native/*.cpp"))
 DEPENDS = sorted(glob.glob("src/convgrad/kernels/native/*.h"))
 # -ffp-contract=fast: a*b + c becomes one FMA where the ISA has it (GCC's
 # default outside ISO modes; said explicitly so the build flags decide).
-COMMON = ["-std=gnu++17", "-O3", "-ffp-contract=fast", "-fno-math-errno", "-fno-plt"]
+# -pthread: the engine's worker threads (pool.cpp).
+COMMON = ["-std=gnu++17", "-O3", "-ffp-contract=fast", "-fno-math-errno", "-fno-plt",
+          "-pthread"]
 
 X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386", "x86")
 
@@ -35,6 +37,6 @@ DEFINES = {"generic": [], "avx2": [("CG_ISA_AVX2", "1")], "avx512": [("CG_ISA_AV
 
 setup(ext_modules=[
     Extension(f"convgrad.kernels._engine_{isa}", SOURCES, depends=DEPENDS,
-              define_macros=DEFINES[isa], extra_compile_args=COMMON + flags, language="c++",
-              optional=True)
+              define_macros=DEFINES[isa], extra_compile_args=COMMON + flags,
+              extra_link_args=["-pthread"], language="c++", optional=True)
     for isa, flags in ISA_FLAGS.items()])

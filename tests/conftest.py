@@ -72,6 +72,7 @@ def vl16_engine(tmp_path_factory):
     out = tmp_path_factory.mktemp("vl16") / "engine_vl16.so"
     flags = ["-mavx2", "-mfma", "-mf16c"] if "avx2" in native.info()["cpu_features"] else []
     subprocess.run([gxx, "-std=gnu++17", "-O1", "-ffp-contract=fast", "-fPIC", "-shared",
+                    "-pthread",
                     "-DCG_EMULATE_VL16=1", *flags, "-o", str(out), *sources], check=True,
                    timeout=600)
     return native.Engine("avx512", str(out), built_as="vl16")

@@ -567,10 +567,11 @@ def test_a_library_whose_files_were_built_for_different_isas_is_refused():
             for unit, isa in isas.items():
                 setattr(self, f"cg_isa_{unit}", Fn(isa))
 
-    native.check_units(Lib(engine="avx2", grouped="avx2", winograd="avx2"), "avx2", "x.so")
+    native.check_units(Lib(engine="avx2", grouped="avx2", winograd="avx2", pool="avx2"), "avx2",
+                       "x.so")
     with pytest.raises(ImportError, match="its grouped code was compiled for 'generic'"):
-        native.check_units(Lib(engine="avx2", grouped="generic", winograd="avx2"), "avx2",
-                           "x.so")
+        native.check_units(Lib(engine="avx2", grouped="generic", winograd="avx2", pool="avx2"),
+                           "avx2", "x.so")
     with pytest.raises(ImportError, match="no winograd code"):
         native.check_units(Lib(engine="avx2", grouped="avx2"), "avx2", "x.so")
     eng = native.engine()

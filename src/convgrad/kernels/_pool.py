@@ -1,14 +1,19 @@
 """The compiled kernels' worker threads.
 
-One thread pool per (process, thread count): a forked child gets pools of its
-own (it would otherwise wait forever on threads that exist only in its
-parent).  The compiled loops release the GIL, so the pool's threads compute
-side by side.  Work is always split by the caller into ranges whose results
-do not depend on which thread runs them.
+The native engine's sections run on its own threads (:func:`run_native`,
+pool.cpp): the calls of a section go to the engine in one ctypes call.  Work
+made of Python callables (the numba kernels, a few engine paths whose ranges
+do Python work between calls) runs on a Python thread pool, one per (process,
+thread count): a forked child gets pools of its own (it would otherwise wait
+forever on threads that exist only in its parent).  The compiled loops
+release the GIL, so the pool's threads compute side by side.  Work is always
+split by the caller into ranges whose results do not depend on which thread
+runs them.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -94,20 +99,38 @@ def run_ranges(fn, ntasks: int, threads: int, per_thread: int = 4) -> None:
              threads)
 
 
-def run_shared(fn, ntasks: int, threads: int) -> None:
-    """``fn(counter_address)`` on ``min(threads, ntasks)`` threads at once: the
-    compiled loop behind ``fn`` takes task after task from one shared atomic
-    counter (an int64 starting at 0) until ``ntasks`` are done, so no thread idles
-    while another finishes a backlog (static blocks did: a late-waking worker left
-    the other a task or two to do alone)."""
+# entry points' addresses, by (library, name)
+_ADDRESSES: dict[tuple[int, str], int] = {}
+
+
+def run_native(lib, fn: str, args: list[tuple], threads: int,
+               scratch: tuple[int, int] | None = None) -> None:
+    """Call the engine entry point ``fn`` once per tuple of ``args`` (at most four
+    integers or addresses each), on the calling thread and ``threads - 1`` of the
+    engine's own workers, each call taken in order by whichever is free
+    (pool.cpp: cg_run_tasks; one ctypes call, the GIL released throughout).
+    ``scratch``: (address, bytes per thread): each call gets one more argument, the
+    running thread's scratch (thread t of the section: address + t * bytes).  The
+    calls must write results of their own (which thread runs one changes nothing)."""
+    if not args:
+        return
+    key = (id(lib), fn)
+    addr = _ADDRESSES.get(key)
+    if addr is None:
+        addr = _ADDRESSES[key] = ctypes.cast(getattr(lib, fn), ctypes.c_void_p).value
     import numpy as np
-    counter = np.zeros(1, np.int64)
-    address = counter.ctypes.data
-    n = max(1, min(threads, ntasks))
-    # the calling thread works too: it starts at once, while a pool thread may take a
-    # while to wake (and then finds less left to do)
-    futures = [pool(n).submit(fn, address) for _ in range(n - 1)]
-    fn(address)
-    for f in futures:
-        f.result()
-    del counter
+    tasks = np.array([(addr, len(a), *a) + (0,) * (4 - len(a)) for a in args], np.int64)
+    base, per = scratch if scratch is not None else (None, 0)
+    lib.cg_run_tasks(tasks.ctypes.data, len(args), max(1, threads), base, per)
+
+
+def thread_scratch(key: str, floats: int, threads: int):
+    """Scratch of ``floats`` float32 for each of ``threads`` threads of a
+    :func:`run_native` section, in one buffer of the calling thread
+    (``_blas.scratch``), each thread's part 64-byte aligned as the buffer is:
+    (the buffer, to keep while the section runs; its ``scratch`` argument)."""
+    import numpy as np
+    from ._blas import scratch
+    per = -(-max(floats, 16) // 16) * 16
+    buf = scratch(key, (threads * per,), np.float32, zero=False)
+    return buf, (buf.ctypes.data, per * 4)

@@ -22,9 +22,11 @@ on the kernels' threads, and sums weight-gradient partials in a fixed order.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import functools
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -497,12 +499,11 @@ def _run_corr(op: str, src: np.ndarray, w: np.ndarray, out: np.ndarray, geom: Co
     prob = _tables(pl, src, None, out, weights)
     pp = ctypes.addressof(prob)
     need = int(lib.cg_grouped_scratch(pp, 0))
-
-    def run(lo, hi):
-        buf = scratch("grouped-scratch", (need,), np.float32, zero=False)
-        lib.cg_grouped_corr_run(pp, lo, hi, buf.ctypes.data)
-    _pool.run_ranges(run, pl.items, threads)
-    del prob, weights
+    buf, per_thread = _pool.thread_scratch("grouped-scratch", need, threads)
+    _pool.run_native(lib, "cg_grouped_corr_run",
+                     [(pp, lo, hi) for lo, hi in _pool.split(pl.items, 4 * threads)],
+                     threads, per_thread)
+    del prob, weights, buf
 
 
 def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry, out_dtype=None) -> np.ndarray:
@@ -561,19 +562,42 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     need = int(lib.cg_grouped_scratch(pp, 1))
     parts = scratch("grouped-partials", (nchunks, part_floats), np.float32, zero=True)
 
-    def task(k, lo, hi):
-        def run():
-            buf = scratch("grouped-scratch", (need,), np.float32, zero=False)
-            lib.cg_grouped_wgrad_run(pp, lo, hi, parts[k].ctypes.data, buf.ctypes.data)
-        return run
-    _pool.run_each([task(k, lo, hi) for k, (lo, hi) in
-                    enumerate(_pool.split(pl.items, nchunks))], threads)
+    buf, per_thread = _pool.thread_scratch("grouped-scratch", need, threads)
+    at, row = parts.ctypes.data, parts.strides[0]
+    _pool.run_native(lib, "cg_grouped_wgrad_run",
+                     [(pp, lo, hi, at + k * row)
+                      for k, (lo, hi) in enumerate(_pool.split(pl.items, nchunks))],
+                     threads, per_thread)
+    del buf
     total = np.add.reduce(parts, axis=0).reshape(len(pl.entries), pl.J, LP)
     order = np.empty(len(pl.entries), np.int64)
     order[pl.entries] = np.arange(len(pl.entries))
     result.reshape(-1, cg, geom.o)[...] = total[order, :, :geom.o]
     del prob
     return result
+
+
+# Problem descriptors of recent depthwise calls without their data pointers, by
+# geometry, dtype and strides: building one from the geometry took ~40 us of a ~2 ms
+# MobileNetV2 call.  Each call gets its own copy (calls may run at once).
+_DESCRIBED: "collections.OrderedDict[tuple, ctypes.Structure]" = collections.OrderedDict()
+_DESCRIBED_MAX = 64
+_DESCRIBED_LOCK = threading.Lock()
+
+
+def _described(key: tuple, build) -> ctypes.Structure:
+    """A fresh copy of the descriptor ``build()`` makes for ``key`` (cached)."""
+    with _DESCRIBED_LOCK:
+        found = _DESCRIBED.get(key)
+        if found is not None:
+            _DESCRIBED.move_to_end(key)
+    if found is None:
+        found = build()
+        with _DESCRIBED_LOCK:
+            _DESCRIBED[key] = found
+            while len(_DESCRIBED) > _DESCRIBED_MAX:
+                _DESCRIBED.popitem(last=False)
+    return type(found).from_buffer_copy(found)
 
 
 def _streams_depthwise(geom: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> bool:
@@ -589,19 +613,24 @@ def _depthwise_wgrad(lib, vl: int, x: np.ndarray, dy: np.ndarray, geom: ConvGeom
     """The streaming depthwise weight gradient (grouped.cpp: cg_dw_wgrad_run): dy lines
     cut into a fixed number of chunks, one partial [tap][lane] each, summed in chunk
     order (the result does not depend on the threads)."""
-    k3, s3, d3, p3 = (native._pad3(geom.kernel, 1), native._pad3(geom.strides, 1),
-                      native._pad3(geom.dilations, 1), native._pad3(geom.pads_begin, 0))
-    l3, m3 = native._pad3(geom.in_sizes, 1), native._pad3(geom.out_sizes, 1)
-    prob = _DwWgrad(native._tensor(x), native._tensor(dy), geom.n, (_I64 * 3)(*l3),
-                    (_I64 * 3)(*m3), geom.c, (_I64 * 3)(*k3), (_I64 * 3)(*s3),
-                    (_I64 * 3)(*d3), (_I64 * 3)(*p3))
+    def build():
+        k3, s3, d3, p3 = (native._pad3(geom.kernel, 1), native._pad3(geom.strides, 1),
+                          native._pad3(geom.dilations, 1), native._pad3(geom.pads_begin, 0))
+        l3, m3 = native._pad3(geom.in_sizes, 1), native._pad3(geom.out_sizes, 1)
+        return _DwWgrad(native._tensor(x), native._tensor(dy), geom.n, (_I64 * 3)(*l3),
+                        (_I64 * 3)(*m3), geom.c, (_I64 * 3)(*k3), (_I64 * 3)(*s3),
+                        (_I64 * 3)(*d3), (_I64 * 3)(*p3))
+    prob = _described(("wgrad", geom, x.dtype, x.strides, dy.strides), build)
+    prob.x.ptr, prob.dy.ptr = x.ctypes.data, dy.ctypes.data
     pp = ctypes.addressof(prob)
     ntap, LP = math.prod(geom.kernel), -(-geom.c // vl) * vl
-    lines = geom.n * m3[0] * m3[1]
+    lines = geom.n * prob.M[0] * prob.M[1]
     nchunks = max(1, min(lines, WGRAD_CHUNKS, _budget_partials() // (4 * ntap * LP)))
     parts = scratch("grouped-partials", (nchunks, ntap * LP), np.float32, zero=True)
-    _pool.run_each([lambda k=k, lo=lo, hi=hi: lib.cg_dw_wgrad_run(pp, lo, hi, parts[k].ctypes.data)
-                    for k, (lo, hi) in enumerate(_pool.split(lines, nchunks))], threads)
+    at, row = parts.ctypes.data, parts.strides[0]
+    _pool.run_native(lib, "cg_dw_wgrad_run",
+                     [(pp, lo, hi, at + k * row)
+                      for k, (lo, hi) in enumerate(_pool.split(lines, nchunks))], threads)
     total = np.add.reduce(parts, axis=0).reshape(ntap, LP)
     result.reshape(ntap, geom.o)[...] = total[:, :geom.o]
     del prob
@@ -654,13 +683,11 @@ def _planar_run(lib, op: str, src: np.ndarray, dy: np.ndarray | None, w: np.ndar
                    (_I64 * 3)(*d3), (_I64 * 3)(*p3))
     pp = ctypes.addressof(prob)
     need = int(lib.cg_planar_scratch(pp))
-    fn = lib.cg_planar_wgrad_run if op == "wgrad" else lib.cg_planar_dgrad_run
-
-    def run(lo, hi):
-        buf = scratch("grouped-scratch", (need,), np.float32, zero=False)
-        fn(pp, lo, hi, buf.ctypes.data)
-    _pool.run_ranges(run, geom.c, threads)
-    del prob, wp
+    buf, per_thread = _pool.thread_scratch("grouped-scratch", need, threads)
+    _pool.run_native(lib, f"cg_planar_{op}_run",
+                     [(pp, lo, hi) for lo, hi in _pool.split(geom.c, 4 * threads)],
+                     threads, per_thread)
+    del prob, wp, buf
     return out
 
 
@@ -690,19 +717,24 @@ def _depthwise_dgrad(lib, vl: int, w: np.ndarray, dy: np.ndarray, dx: np.ndarray
     ntap, LP = math.prod(geom.kernel), -(-geom.c // vl) * vl
     wp = np.zeros((ntap, LP), np.float32)
     wp[:, :geom.c] = w.reshape(ntap, geom.c)
-    k3, s3, d3, p3 = (native._pad3(geom.kernel, 1), native._pad3(geom.strides, 1),
-                      native._pad3(geom.dilations, 1), native._pad3(geom.pads_begin, 0))
-    l3, m3 = native._pad3(geom.in_sizes, 1), native._pad3(geom.out_sizes, 1)
-    st = [s // dx.itemsize for s in dx.strides[:-1]]
-    ostride = [st[0]] + [0] * (4 - len(st)) + st[1:]
-    prob = _DwDgrad(native._tensor(dy), dx.ctypes.data, (_I64 * 4)(*ostride), geom.n,
-                    (_I64 * 3)(*l3), (_I64 * 3)(*m3), geom.c, (_I64 * 3)(*k3),
-                    (_I64 * 3)(*s3), (_I64 * 3)(*d3), (_I64 * 3)(*p3), wp.ctypes.data,
-                    int(_streams_dx(dx, vl)))
+
+    def build():
+        k3, s3, d3, p3 = (native._pad3(geom.kernel, 1), native._pad3(geom.strides, 1),
+                          native._pad3(geom.dilations, 1), native._pad3(geom.pads_begin, 0))
+        l3, m3 = native._pad3(geom.in_sizes, 1), native._pad3(geom.out_sizes, 1)
+        st = [s // dx.itemsize for s in dx.strides[:-1]]
+        ostride = [st[0]] + [0] * (4 - len(st)) + st[1:]
+        return _DwDgrad(native._tensor(dy), None, (_I64 * 4)(*ostride), geom.n,
+                        (_I64 * 3)(*l3), (_I64 * 3)(*m3), geom.c, (_I64 * 3)(*k3),
+                        (_I64 * 3)(*s3), (_I64 * 3)(*d3), (_I64 * 3)(*p3), None, 0)
+    prob = _described(("dgrad", geom, dy.dtype, dy.strides, dx.strides), build)
+    prob.dy.ptr, prob.dx, prob.w = dy.ctypes.data, dx.ctypes.data, wp.ctypes.data
+    prob.stream = int(_streams_dx(dx, vl))
     pp = ctypes.addressof(prob)
-    lines = geom.n * l3[0] * l3[1]
-    _pool.run_ranges(lambda lo, hi: lib.cg_dw_dgrad_run(pp, lo, hi), lines,
-                     _threads(dy.nbytes + dx.nbytes))
+    lines = geom.n * prob.L[0] * prob.L[1]
+    threads = _threads(dy.nbytes + dx.nbytes)
+    _pool.run_native(lib, "cg_dw_dgrad_run", [(pp, lo, hi) for lo, hi in
+                                              _pool.split(lines, 4 * threads)], threads)
     del prob, wp
     return dx
 

@@ -122,7 +122,7 @@ class _Wgrad(ctypes.Structure):
 
 
 # The engine's source files (native/*.cpp), each reporting the build it was compiled for.
-UNITS = ("engine", "grouped", "winograd")
+UNITS = ("engine", "grouped", "winograd", "pool")
 
 
 def check_units(lib, built: str, path: str) -> None:
@@ -166,7 +166,9 @@ class Engine:
                 ("cg_load_floats", None, [vp, vp, i64, i64]),
                 ("cg_store_vectors", None, [vp, i64, vp, i64]),
                 ("cg_load_vectors", None, [vp, vp, i64, i64]),
-                ("cg_fma_loop_flops", i64, [])):
+                ("cg_fma_loop_flops", i64, []),
+                ("cg_run_tasks", None, [vp, i64, i64, vp, i64]),
+                ("cg_pool_workers", i64, [])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         built = lib.cg_isa().decode()
@@ -454,6 +456,20 @@ def permuted_copy(a: np.ndarray) -> np.ndarray | None:
                            ss.ctypes.data, ds.ctypes.data, lo, hi)
     _pool.run_ranges(run, nb, threads, per_thread=1)
     return out
+
+
+def _shared(eng: Engine, fn: str, before: tuple, after: tuple, ntasks: int, threads: int,
+            need: int) -> None:
+    """``fn(*before, counter, *after, scratch)`` on ``min(threads, ntasks)`` threads at
+    once: the compiled loop takes task after task from one shared atomic counter (an
+    int64 starting at 0) until ``ntasks`` are done, so no thread idles while another
+    finishes a backlog (static blocks did: a late-waking worker left the other a task
+    or two to do alone)."""
+    counter = np.zeros(1, np.int64)
+    n = max(1, min(threads, ntasks))
+    buf, per_thread = _pool.thread_scratch("native-pack", need, n)
+    _pool.run_native(eng.lib, fn, [(*before, counter.ctypes.data, *after)] * n, n, per_thread)
+    del counter, buf
 
 
 def _threads(flops: int) -> int:
@@ -803,11 +819,7 @@ def _corr(eng: Engine, plan: CorrPlan, inp: np.ndarray, out: np.ndarray, weights
 
     n = len(plan.items)
     need = int(eng.lib.cg_corr_scratch(pp, 0, n))
-
-    def run(counter):
-        buf = scratch("native-pack", (max(need, 16),), np.float32, zero=False)
-        eng.lib.cg_corr_run_shared(pp, counter, n, buf.ctypes.data)
-    _pool.run_shared(run, n, threads)
+    _shared(eng, "cg_corr_run_shared", (pp,), (n,), n, threads, need)
     del prob
 
 
@@ -980,12 +992,8 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
                  for i, (lo, hi) in enumerate(_pool.split(nitems, plan.chunks))]
     tasks_a = _i64(tasks)
     need = int(eng.lib.cg_wgrad_scratch(pp, 0, nitems))
-
-    def run(counter):
-        buf = scratch("native-pack", (max(need, 16),), np.float32, zero=False)
-        eng.lib.cg_wgrad_run_shared(pp, counter, len(tasks), tasks_a.ctypes.data,
-                                    buf.ctypes.data)
-    _pool.run_shared(run, len(tasks), threads)
+    _shared(eng, "cg_wgrad_run_shared", (pp,), (len(tasks), tasks_a.ctypes.data), len(tasks),
+            threads, need)
     if not plan.split_outputs and plan.chunks > 1:
         np.add.reduce(parts, axis=0, out=dw.reshape(-1))
     del prob

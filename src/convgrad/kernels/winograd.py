@@ -463,31 +463,34 @@ def _run_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
     pp = ctypes.addressof(prob)
     if U is not None:
         ub = plan.u_floats // max(1, nblk)
+        wt = threads if U.nbytes > 2**20 else 1
+        _pool.run_native(lib, "cg_wino_weights",
+                         [(pp, lo, hi, U[lo * ub:].ctypes.data)
+                          for lo, hi in _pool.split(nblk, wt)], wt)
 
-        def weights(lo, hi):
-            lib.cg_wino_weights(pp, lo, hi, U[lo * ub:].ctypes.data)
-        _pool.run_ranges(weights, nblk, threads if U.nbytes > 2**20 else 1, per_thread=1)
-
-    def run(lo, hi):
-        need = int(lib.cg_wino_scratch(pp, lo, hi))
-        buf = scratch("native-pack", (need,), np.float32, zero=False)
-        lib.cg_wino_run(pp, lo, hi, buf.ctypes.data)
+    def run(first, count):
+        """The work items [first, first + count), 4 ranges a thread."""
+        ranges = [(first + lo, first + hi) for lo, hi in _pool.split(count, 4 * threads)]
+        need = max(int(lib.cg_wino_scratch(pp, lo, hi)) for lo, hi in ranges)
+        buf, per_thread = _pool.thread_scratch("native-pack", need, threads)
+        _pool.run_native(lib, "cg_wino_run", [(pp, lo, hi) for lo, hi in ranges], threads,
+                         per_thread)
+        del buf
 
     if plan.regime == "tiles":
-        _pool.run_ranges(run, len(plan.items), threads)
+        run(0, len(plan.items))
     else:
         per_group = len(plan.items) // len(plan.groups_of_tiles)
         for gi, ((s0, s1, d0, d1), vf) in enumerate(zip(plan.groups_of_tiles, plan.v_floats)):
             V = scratch("winograd-V", (vf,), np.float32, zero=False)
             prob.V, prob.vs0, prob.vs1, prob.vd0, prob.vd1 = V.ctypes.data, s0, s1, d0, d1
-
-            def transform(lo, hi, s0=s0, V=V):
-                need = int(lib.cg_wino_input_scratch(pp, s0 + lo, s0 + hi))
-                buf = scratch("native-pack", (need,), np.float32, zero=False)
-                lib.cg_wino_input(pp, s0 + lo, s0 + hi, V.ctypes.data, buf.ctypes.data)
-            _pool.run_ranges(transform, s1 - s0, threads)
-            first = gi * per_group
-            _pool.run_ranges(lambda lo, hi: run(first + lo, first + hi), per_group, threads)
+            ranges = [(s0 + lo, s0 + hi) for lo, hi in _pool.split(s1 - s0, 4 * threads)]
+            need = max(int(lib.cg_wino_input_scratch(pp, lo, hi)) for lo, hi in ranges)
+            buf, per_thread = _pool.thread_scratch("native-pack", need, threads)
+            _pool.run_native(lib, "cg_wino_input", [(pp, lo, hi, V.ctypes.data)
+                                                    for lo, hi in ranges], threads, per_thread)
+            del buf
+            run(gi * per_group, per_group)
     if bad.any():
         native.recompute_lines(kind, inp, w, out, geom, np.flatnonzero(bad))
     del prob

@@ -1,0 +1,114 @@
+"""The engine's worker threads (pool.cpp: cg_run_tasks, _pool.run_native): every task
+runs once, each thread gets its own scratch, callers from several Python threads and
+forked children get their tasks done."""
+
+import ctypes
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from convgrad.kernels import _pool, native
+
+pytestmark = pytest.mark.skipif(native.available() is not None,
+                                reason="the native engine is not built")
+
+
+def _lib():
+    lib = native.engine().lib
+    lib.cg_pool_last.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def _probe(lib, n, threads, spin=0, scratch_floats=None):
+    """n probe tasks on ``threads`` threads: (counts, scratch pointers, scratch base, bytes)."""
+    counts = np.zeros(n, np.int64)
+    where = np.zeros(n, np.int64)
+    buf = per_thread = None
+    if scratch_floats is not None:
+        buf, per_thread = _pool.thread_scratch("test-pool", scratch_floats, threads)
+    _pool.run_native(lib, "cg_pool_probe",
+                     [(counts.ctypes.data, i, spin, where.ctypes.data) for i in range(n)],
+                     threads, per_thread)
+    return counts, where, per_thread, buf
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+@pytest.mark.parametrize("n", [1, 2, 7, 64])
+def test_every_task_runs_once_with_its_threads_scratch(threads, n):
+    lib = _lib()
+    counts, where, (base, per), buf = _probe(lib, n, threads, spin=200, scratch_floats=100)
+    assert (counts == 1).all()
+    # each task got the scratch of the thread that ran it: one of `threads` parts,
+    # 64-byte aligned apart
+    assert per % 64 == 0 and per >= 400
+    slot = (where - base) // per
+    assert ((where - base) % per == 0).all()
+    assert ((slot >= 0) & (slot < threads)).all()
+    assert buf.nbytes >= threads * per
+
+
+def test_tasks_without_scratch_get_no_extra_pointer():
+    counts, where, _, _ = _probe(_lib(), 5, 2)
+    assert (counts == 1).all()
+    # (the probe's fifth parameter reads whatever the caller left: only check it ran)
+
+
+def test_the_workers_take_part_and_one_thread_runs_alone():
+    lib = _lib()
+    stats = np.zeros(3, np.int64)
+    _probe(lib, 16, 1, spin=20000)
+    lib.cg_pool_last(stats.ctypes.data)
+    before = stats.copy()
+    # a section of one thread never reaches the workers (its figures are the last
+    # section's, if any)
+    _probe(lib, 64, 2, spin=50000)
+    lib.cg_pool_last(stats.ctypes.data)
+    assert stats[2] == 64
+    assert 0 < stats[1] <= 64 and stats[0] >= 0, (before, stats)
+    assert lib.cg_pool_workers() >= 1
+
+
+def test_callers_on_several_python_threads_each_get_their_tasks_done():
+    lib = _lib()
+    errors = []
+
+    def caller(k):
+        try:
+            for r in range(30):
+                counts, where, (base, per), buf = _probe(lib, 16 + k, 2, spin=500,
+                                                         scratch_floats=64)
+                assert (counts == 1).all()
+                assert (((where - base) // per) < 2).all()
+        except BaseException as exc:          # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_forked_child_starts_workers_of_its_own():
+    code = """
+import os, sys, numpy as np
+sys.path.insert(0, %r)
+from test_engine_pool import _lib, _probe
+lib = _lib()
+assert (_probe(lib, 32, 2, spin=1000)[0] == 1).all()        # the parent's workers exist
+pid = os.fork()
+if pid == 0:
+    ok = (_probe(lib, 32, 2, spin=1000)[0] == 1).all()
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+""" % os.path.dirname(__file__)
+    done = subprocess.run([sys.executable, "-c", code], timeout=120)
+    assert done.returncode == 0
