@@ -372,6 +372,42 @@ struct LineCache {
     }
 };
 
+#if CG_VL >= 8
+// W pixels of C <= 4 vectors of channels (pixels rstride elements apart, unit channel
+// stride, element type DT) expanded to [j][LP] rows through gidx (n_ floats a pixel,
+// ps apart in dst): every expanded vector is two two-source shuffles of the pixel's
+// vectors (vpermps / vpermt2ps), one select and a mask, against a scalar gather per
+// float (the spec layer's 5 -> 2 groups: 40 floats a pixel, 1.4 ms of its 7).  16-bit
+// pixels are widened as they are loaded (no converted copy of the line first).
+template <int64_t DT>
+void expand_pixels(const typename Elem<DT>::T* rows, int64_t rstride, int64_t W, int64_t C,
+                   const int32_t* g, int64_t n_, float* dst, int64_t ps) {
+    typedef int32_t vi __attribute__((vector_size(VL * 4)));
+    const int64_t nsv = (C + VL - 1) / VL, nov = n_ / VL;
+    vi m[64], upper[64], keep[64];
+    for (int64_t v = 0; v < nov; v++)
+        for (int l = 0; l < VL; l++) {
+            const int32_t gk = g[v * VL + l];
+            m[v][l] = gk >= 0 ? gk % (2 * VL) : 0;
+            upper[v][l] = gk >= 2 * VL ? -1 : 0;
+            keep[v][l] = gk >= 0 ? -1 : 0;
+        }
+    for (int64_t w = 0; w < W; w++) {
+        const typename Elem<DT>::T* r = rows + w * rstride;
+        float* o = dst + w * ps;
+        vf src[4] = {zero(), zero(), zero(), zero()};
+        for (int64_t i = 0; i < nsv; i++)
+            src[i] = (i + 1) * VL <= C ? load_as<DT>(r + i * VL)
+                                       : load_as_n<DT>(r + i * VL, (int)(C - i * VL));
+        for (int64_t v = 0; v < nov; v++) {
+            vf a = __builtin_shuffle(src[0], src[1], m[v]);
+            if (nsv > 2) a = upper[v] ? __builtin_shuffle(src[2], src[3], m[v]) : a;
+            store(o + v * VL, (vf)((vi)a & keep[v]));
+        }
+    }
+}
+#endif
+
 // Copy the window [i0, i1) of source line (n, d, h) into dst as float32 lane-ready
 // rows of ps floats: converted (dtype, channels-first layouts), zero-padded to ps
 // channels, or expanded to [j][LP] through gidx.
@@ -386,6 +422,22 @@ void pack_source(const GroupedProblem* P, float* dst, float* tmp, int64_t n, int
         pack_lines(dst, t, n, d1, h1, W, C);
         return;
     }
+    const int64_t n_ = P->J * P->nlv * VL;
+    const int32_t* g = P->gidx;
+#if CG_VL >= 8
+    const bool shuffles = P->expand && (C + VL - 1) / VL <= 4 && n_ / VL <= 64;
+    if (shuffles && t.stride[4] == 1) {
+        // channels last, any dtype: expanded straight from the caller's pixels
+        const void* r = at(t, n, d, h, 0, 0);
+        if (t.dtype == F16)
+            expand_pixels<F16>((const uint16_t*)r, t.stride[3], W, C, g, n_, dst, ps);
+        else if (t.dtype == BF16)
+            expand_pixels<BF16>((const uint16_t*)r, t.stride[3], W, C, g, n_, dst, ps);
+        else
+            expand_pixels<F32>((const float*)r, t.stride[3], W, C, g, n_, dst, ps);
+        return;
+    }
+#endif
     const float* rows;
     int64_t rstride;
     if (direct_f32(P->src)) {
@@ -404,36 +456,9 @@ void pack_source(const GroupedProblem* P, float* dst, float* tmp, int64_t n, int
         }
         return;
     }
-    const int64_t n_ = P->J * P->nlv * VL;
-    const int32_t* g = P->gidx;
 #if CG_VL >= 8
-    // a pixel of at most 4 vectors of channels: every expanded vector is two
-    // two-source shuffles of them (vpermps / vpermt2ps), one select and a mask,
-    // against a scalar gather per float (the spec layer's 5 -> 2 groups: 40
-    // floats a pixel, 1.4 ms of its 7)
-    typedef int32_t vi __attribute__((vector_size(VL * 4)));
-    const int64_t nsv = (C + VL - 1) / VL, nov = n_ / VL;
-    if (nsv <= 4 && nov <= 64) {
-        vi m[64], upper[64], keep[64];
-        for (int64_t v = 0; v < nov; v++)
-            for (int l = 0; l < VL; l++) {
-                const int32_t gk = g[v * VL + l];
-                m[v][l] = gk >= 0 ? gk % (2 * VL) : 0;
-                upper[v][l] = gk >= 2 * VL ? -1 : 0;
-                keep[v][l] = gk >= 0 ? -1 : 0;
-            }
-        for (int64_t w = 0; w < W; w++) {
-            const float* r = rows + w * rstride;
-            float* o = dst + w * ps;
-            vf src[4] = {zero(), zero(), zero(), zero()};
-            for (int64_t i = 0; i < nsv; i++)
-                src[i] = (i + 1) * VL <= C ? load(r + i * VL) : load_n(r + i * VL, (int)(C - i * VL));
-            for (int64_t v = 0; v < nov; v++) {
-                vf a = __builtin_shuffle(src[0], src[1], m[v]);
-                if (nsv > 2) a = upper[v] ? __builtin_shuffle(src[2], src[3], m[v]) : a;
-                store(o + v * VL, (vf)((vi)a & keep[v]));
-            }
-        }
+    if (shuffles) {
+        expand_pixels<F32>(rows, rstride, W, C, g, n_, dst, ps);
         return;
     }
 #endif
