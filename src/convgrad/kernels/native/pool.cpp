@@ -119,9 +119,10 @@ struct Pool {
 
     // (seen: the last section started before this worker; it takes part from the next)
     void worker(int64_t index, uint64_t seen) {
+        bool spin = false;     // only after taking part (the others sleep at once)
         for (;;) {
             uint64_t s;
-            auto spin_until = std::chrono::steady_clock::now() + SPIN;
+            auto spin_until = std::chrono::steady_clock::now() + (spin ? SPIN : std::chrono::microseconds(0));
             int k = 0;
             while (((s = state.load(std::memory_order_acquire)) >> 8) == seen) {
                 relax();
@@ -133,7 +134,8 @@ struct Pool {
                 }
             }
             seen = s >> 8;
-            if (index < (int64_t)(s & 255)) {
+            spin = index < (int64_t)(s & 255);
+            if (spin) {
                 int64_t none = -1;
                 first_ns.compare_exchange_strong(
                     none, std::chrono::duration_cast<std::chrono::nanoseconds>(
