@@ -146,23 +146,31 @@ struct Pool {
         }
     }
 
-    void grow(int64_t workers) {
+    // Start workers up to `workers`; the number running (fewer if the system refuses
+    // a thread: the section then runs on those it has).
+    int64_t grow(int64_t workers) {
         while (started < workers) {
-            const int64_t index = started++;
+            const int64_t index = started;
             const uint64_t seen = state.load(std::memory_order_relaxed) >> 8;
-            std::thread([this, index, seen] { worker(index, seen); }).detach();
+            try {
+                std::thread([this, index, seen] { worker(index, seen); }).detach();
+            } catch (...) {
+                break;
+            }
+            started++;
         }
+        return std::min(workers, started);
     }
 
     void run(const CgTask* t, int64_t count, int64_t threads, char* s, int64_t sb) {
         std::unique_lock<std::mutex> busy(section, std::try_to_lock);
-        const int64_t helpers = std::min<int64_t>({threads - 1, count - 1, MAX_WORKERS});
+        int64_t helpers = std::min<int64_t>({threads - 1, count - 1, MAX_WORKERS});
+        if (busy.owns_lock() && helpers > 0) helpers = grow(helpers);
         if (!busy.owns_lock() || helpers <= 0) {
             char* own = s;           // (scratch of thread 0: this caller's own)
             for (int64_t i = 0; i < count; i++) call(t[i], own, s != nullptr);
             return;
         }
-        grow(helpers);
         tasks = t, n = count, scratch = s, scratch_bytes = sb;
         t0 = std::chrono::steady_clock::now();
         first_ns.store(-1, std::memory_order_relaxed);
