@@ -326,6 +326,34 @@ def test_empty_batch(op):
         assert got.size == 0
 
 
+@pytest.mark.parametrize("op", ["wgrad", "dgrad"])
+def test_streaming_depthwise_estimates_count_what_they_allocate(op):
+    """The chooser's estimate of a call the streaming depthwise kernels take (channels
+    last, one dtype of the three) is what they allocate: the partial weight gradients or
+    the packed weights, whatever the dtype (they convert 16-bit elements in their loads,
+    into no scratch); channels-first calls keep the tile kernel's estimate."""
+    geom = ConvGeometry(**CASES["dw-2d-k3"])
+    eng = native.engine()
+    LP = -(-geom.c // eng.vl) * eng.vl
+    shapes = kernels.canonical_shapes(op, geom)
+    key = "partial weight gradients" if op == "wgrad" else "packed weights"
+    found = {}
+    for dtype in (np.float32, np.float16, bfloat16):
+        for layout in ("nxc", "ncx"):
+            lay = frozenset({layout})
+            a, b, out = (kernels.Operand(tuple(sh), np.dtype(dtype), lay) for sh in shapes)
+            call = kernels.Call(op, geom, np.dtype(np.float32), a, b, out, direct_result=True)
+            found[np.dtype(dtype).name, layout] = est = grouped.memory(call)
+            if layout == "nxc":
+                assert est[key] % (9 * LP * 4) == 0
+                assert est[key] <= 9 * LP * 4 * (grouped.WGRAD_CHUNKS if op == "wgrad" else 1)
+                assert "per-thread scratch" not in est
+            else:
+                assert "per-thread scratch" in est
+    assert found["float16", "nxc"] == found["bfloat16", "nxc"]
+    assert found["float16", "nxc"][key] == found["float32", "nxc"][key]
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_auto_sends_few_channel_groups_to_the_grouped_kernel(op):
     """The chooser (kernels/chooser.py, measured): depthwise (multiplier <= 8),

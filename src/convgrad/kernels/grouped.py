@@ -793,10 +793,40 @@ def workspace(geom: ConvGeometry, op: str, src_direct: bool = False,
 
 def memory(call) -> dict[str, int]:
     """The registry's memory estimate (kernels.Call): no input copies, the float32
-    result when the caller keeps another (native.result_copy), and :func:`workspace`."""
+    result when the caller keeps another (native.result_copy), and :func:`workspace`
+    (for the streaming depthwise kernels, which read their operands in place in any of
+    the three dtypes: their partial gradients or packed weights)."""
     src, other = (call.b, call.a) if call.op == "dgrad" else (call.a, call.b)
     direct = lambda t: t.dtype == np.float32 and "nxc" in t.layouts   # noqa: E731
     parts = native.result_copy(call)
+    streamed = _streamed_workspace(call)
+    if streamed is not None:
+        parts.update(streamed)
+        return parts
     parts.update(workspace(call.geom, call.op, direct(src),
                            call.op == "wgrad" and direct(other)))
     return parts
+
+
+def _streamed_workspace(call) -> dict[str, int] | None:
+    """What a call the streaming depthwise kernels take (_streams_depthwise,
+    _streams_depthwise_dgrad) allocates, or None when it does not surely take them
+    (its data operands not channels-last in one float dtype: the tile kernel's
+    estimate then, an upper bound)."""
+    geom = call.geom
+    data = (call.a, call.b) if call.op == "wgrad" else (call.b, call.out)
+    if (call.op == "fwd" or not (geom.groups == geom.c == geom.o)
+            or data[0].dtype != data[1].dtype or data[0].dtype not in native.DTYPE_CODES
+            or not all("nxc" in t.layouts for t in data)
+            or native.available() is not None):
+        return None
+    eng = native.engine()
+    ntap, LP = math.prod(geom.kernel), -(-geom.c // eng.vl) * eng.vl
+    if call.op == "dgrad":
+        if (math.prod(geom.strides) > MAX_PHASES
+                or _phase_terms(geom) > int(_lib(eng).cg_dw_dgrad_terms())):
+            return None
+        return {"packed weights": ntap * LP * 4}
+    lines = geom.n * math.prod(geom.out_sizes[:-1])
+    nchunks = max(1, min(lines, WGRAD_CHUNKS, _budget_partials() // (4 * ntap * LP)))
+    return {"partial weight gradients": nchunks * ntap * LP * 4}
