@@ -88,9 +88,9 @@ def test_chooser_decisions_follow_the_budget_and_the_registry():
             # the uncached decision, for comparison
             assert picks[-1] == kernels._select("dgrad", geom, np.float32, "auto", ncx).name
     assert picks[0] == picks[2] and picks[1] == picks[3]
-    assert kernels._CHOICES
+    assert kernels._decided.cache_info().currsize
     kernels.register(direct)         # (the same kernel again)
-    assert not kernels._CHOICES
+    assert not kernels._decided.cache_info().currsize
 
 
 def test_a_call_description_is_per_layout(rng):

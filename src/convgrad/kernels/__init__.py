@@ -44,9 +44,8 @@ chosen while another can run within it (docs/kernels.md, "Memory").
 
 from __future__ import annotations
 
-import collections
+import functools
 import math
-import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -208,20 +207,9 @@ def within_budget(ranked: list[Kernel], call: Call) -> Kernel:
     return ranked[need.index(min(need))]
 
 
-# The chooser's decisions of recent calls, by the call and every setting a decision
-# reads (the workspace budget, threads, ISA, precision): a training loop or a benchmark
-# makes the same call again and again, and asking every kernel's ``supports`` and
-# memory estimate each time cost ~40 us of a ~2 ms depthwise call.  Registering a
-# kernel clears it (so do the tests, which change the kernels' constants).
-_CHOICES: "collections.OrderedDict[tuple, Kernel]" = collections.OrderedDict()
-_CHOICES_MAX = 256
-_CHOICES_LOCK = threading.Lock()
-
-
 def clear_choices() -> None:
     """Forget the chooser's cached decisions (:func:`select`)."""
-    with _CHOICES_LOCK:
-        _CHOICES.clear()
+    _decided.cache_clear()
 
 
 def select(op: str, geom: ConvGeometry, dtype, algo: str = "auto", *,
@@ -231,21 +219,22 @@ def select(op: str, geom: ConvGeometry, dtype, algo: str = "auto", *,
     budget with the copies ``call`` needs (:func:`within_budget`; without
     ``call``, inputs and result are assumed in every layout and the compute
     dtype).  A problem no preferred kernel supports goes to the highest
-    priority kernel that does.  Decisions are cached (:data:`_CHOICES`)."""
+    priority kernel that does.  Decisions are cached (:func:`_decided`)."""
     from .. import settings
-    key = (op, geom, np.dtype(dtype), algo, call, settings.workspace_bytes(),
-           settings.threads(), settings.isa(), settings.precision())
-    with _CHOICES_LOCK:
-        found = _CHOICES.get(key)
-        if found is not None:
-            _CHOICES.move_to_end(key)
-            return found
-    kernel = _select(op, geom, dtype, algo, call)
-    with _CHOICES_LOCK:
-        _CHOICES[key] = kernel
-        while len(_CHOICES) > _CHOICES_MAX:
-            _CHOICES.popitem(last=False)
-    return kernel
+    return _decided(op, geom, np.dtype(dtype), algo, call, settings.workspace_bytes(),
+                    settings.threads(), settings.isa(), settings.precision())
+
+
+# The chooser's decisions of recent calls, by the call and every setting a decision
+# reads (the workspace budget, threads, ISA, precision: arguments only for the key,
+# _select reads the same values from the settings): a training loop or a benchmark
+# makes the same call again and again, and asking every kernel's ``supports`` and
+# memory estimate each time cost ~40 us of a ~2 ms depthwise call.  Registering a
+# kernel clears it (so do the tests, which change the kernels' constants).
+@functools.lru_cache(maxsize=256)
+def _decided(op: str, geom: ConvGeometry, dtype: np.dtype, algo: str, call: Call | None,
+             budget: int, threads: int | None, isa: str, precision: str) -> Kernel:
+    return _select(op, geom, dtype, algo, call)
 
 
 def _select(op: str, geom: ConvGeometry, dtype, algo: str, call: Call | None) -> Kernel:
