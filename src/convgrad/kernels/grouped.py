@@ -625,7 +625,7 @@ def _depthwise_wgrad(lib, vl: int, x: np.ndarray, dy: np.ndarray, geom: ConvGeom
     pp = ctypes.addressof(prob)
     ntap, LP = math.prod(geom.kernel), -(-geom.c // vl) * vl
     lines = geom.n * prob.M[0] * prob.M[1]
-    nchunks = max(1, min(lines, WGRAD_CHUNKS, _budget_partials() // (4 * ntap * LP)))
+    nchunks = _dw_wgrad_chunks(geom, ntap, LP)
     parts = scratch("grouped-partials", (nchunks, ntap * LP), np.float32, zero=True)
     at, row = parts.ctypes.data, parts.strides[0]
     _pool.run_native(lib, "cg_dw_wgrad_run",
@@ -705,9 +705,22 @@ def _streams_depthwise_dgrad(geom: ConvGeometry, dy: np.ndarray, dx: np.ndarray,
     group and multiplier 1, dy and dx of one dtype (float32, float16 or bfloat16) with
     unit channel stride, and at most ``max_terms`` weights per stride phase (they stay
     in registers)."""
-    return (geom.groups == geom.c == geom.o and dy.dtype == dx.dtype
-            and _unit_channels(dy) and _unit_channels(dx)
-            and math.prod(geom.strides) <= MAX_PHASES and _phase_terms(geom) <= max_terms)
+    return (dy.dtype == dx.dtype and _unit_channels(dy) and _unit_channels(dx)
+            and _depthwise_dgrad_fits(geom, max_terms))
+
+
+def _depthwise_dgrad_fits(geom: ConvGeometry, max_terms: int) -> bool:
+    """The geometry half of :func:`_streams_depthwise_dgrad`: one channel per group and
+    multiplier 1, at most ``max_terms`` weights per stride phase."""
+    return (geom.groups == geom.c == geom.o and math.prod(geom.strides) <= MAX_PHASES
+            and _phase_terms(geom) <= max_terms)
+
+
+def _dw_wgrad_chunks(geom: ConvGeometry, ntap: int, LP: int) -> int:
+    """How many partial gradients the streaming depthwise weight gradient sums (a
+    fixed cut of the dy lines, whatever the threads; fewer if they do not fit)."""
+    lines = geom.n * math.prod(geom.out_sizes[:-1])
+    return max(1, min(lines, WGRAD_CHUNKS, _budget_partials() // (4 * ntap * LP)))
 
 
 def _depthwise_dgrad(lib, vl: int, w: np.ndarray, dy: np.ndarray, dx: np.ndarray,
@@ -823,10 +836,7 @@ def _streamed_workspace(call) -> dict[str, int] | None:
     eng = native.engine()
     ntap, LP = math.prod(geom.kernel), -(-geom.c // eng.vl) * eng.vl
     if call.op == "dgrad":
-        if (math.prod(geom.strides) > MAX_PHASES
-                or _phase_terms(geom) > int(_lib(eng).cg_dw_dgrad_terms())):
+        if not _depthwise_dgrad_fits(geom, int(_lib(eng).cg_dw_dgrad_terms())):
             return None
         return {"packed weights": ntap * LP * 4}
-    lines = geom.n * math.prod(geom.out_sizes[:-1])
-    nchunks = max(1, min(lines, WGRAD_CHUNKS, _budget_partials() // (4 * ntap * LP)))
-    return {"partial weight gradients": nchunks * ntap * LP * 4}
+    return {"partial weight gradients": _dw_wgrad_chunks(geom, ntap, LP) * ntap * LP * 4}
