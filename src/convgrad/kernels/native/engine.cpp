@@ -595,35 +595,42 @@ namespace {
 // Positions per sweep when the x rows are read in place (see wgrad_gemm).
 constexpr int64_t WG_INPLACE_SWEEP = 128;
 
-// dw[t][g-block tiles] += A^T B over np positions.  A: the x rows, lda floats
-// apart -- channel tile ct of group g at channel g*cg + c0(ct) of the rows as they
-// are (astripe == 0), or at stripe (g*nct + ct)*astripe of a packed panel; B panel
-// [g][ob][.][NB] with bstride floats per (g, ob).  Channel tiles are near-equal
+// dw[t][g-block tiles] += A^T B over nl lines of np positions.  A: the x rows, lda
+// floats apart (lines aline apart) -- channel tile ct of group g at channel
+// g*cg + c0(ct) of the rows as they are (astripe == 0), or at stripe
+// (g*nct + ct)*astripe of a packed panel (nl == 1); B panel [g][ob][.][NB] with
+// bstride floats per (g, ob), lines bline apart.  Channel tiles are near-equal
 // (tile_start).
 // * x rows in place: a tile's rows are strided (one cache line or two per position
-//   for a few floats), so they are swept WG_INPLACE_SWEEP positions at a time, each
-//   channel tile meeting all its output blocks while its lines are in L1 (the B rows
-//   of the sweep, og x 128 floats, stay in L1/L2).  Against the packed order below:
-//   ResNet-50 res2 1x1 weight gradient 1.1-1.3x, res3 stride-2 1.15x (2 threads).
+//   for a few floats), so they are swept about WG_INPLACE_SWEEP positions at a time
+//   (whole lines when there are several), each channel tile meeting all its output
+//   blocks while its lines are in L1 (the B rows of the sweep, og x 128 floats, stay
+//   in L1/L2).  Against the packed order below: ResNet-50 res2 1x1 weight gradient
+//   1.1-1.3x, res3 stride-2 1.15x (2 threads).
 // * packed panels: blocks of channel tiles whose A panels fit in L2 are swept by
 //   every output block in turn (the B rows of one block stay in L1).
 void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astripe,
                 const float* B, int64_t bstride, int64_t np, float* dwt, int64_t oblo,
-                int64_t obhi) {
+                int64_t obhi, int64_t nl = 1, int64_t aline = 0, int64_t bline = 0) {
     const int64_t G = P->groups, cg = P->C / G, og = P->O / G;
     const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
     const int64_t nob = (og + NB - 1) / NB, nct = (cg + mr - 1) / mr;
     const gemm_fn* fns = gemm_table(nv);
     if (astripe == 0) {
-        for (int64_t p0 = 0; p0 < np; p0 += WG_INPLACE_SWEEP) {
-            const int64_t sp = std::min<int64_t>(WG_INPLACE_SWEEP, np - p0);
+        // a sweep: lines [l0, l0 + sl) x positions [p0, p0 + sp)
+        const int64_t lstep = nl > 1 ? std::max<int64_t>(1, WG_INPLACE_SWEEP / np) : 1;
+        const int64_t pstep = nl > 1 ? np : WG_INPLACE_SWEEP;
+        for (int64_t l0 = 0; l0 < nl; l0 += lstep)
+        for (int64_t p0 = 0; p0 < np; p0 += pstep) {
+            const int64_t sp = std::min<int64_t>(pstep, np - p0);
+            const int64_t sl = std::min<int64_t>(lstep, nl - l0);
             for (int64_t obg = oblo; obg < obhi;) {
                 const int64_t g = obg / nob;
                 const int64_t gend = std::min(obhi, (g + 1) * nob);
                 for (int64_t ct = 0; ct < nct; ct++) {
                     const int64_t c0 = tile_start(ct, cg, nct);
                     const int m = (int)(tile_start(ct + 1, cg, nct) - c0);
-                    const float* a = A + p0 * lda + g * cg + c0;
+                    const float* a = A + l0 * aline + p0 * lda + g * cg + c0;
                     const float* ar[64];
                     float* cr[64];
                     for (int64_t k = obg; k < gend;) {
@@ -634,9 +641,10 @@ void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astr
                             ar[i] = a + i;
                             cr[i] = dwt + (c0 + i) * P->O + g * og + ob * NB;
                         }
-                        fns[(m - 1) * BMAX + (bk - 1)](sp, ar, lda,
-                                                       B + (g * nob + ob) * bstride + p0 * NB,
-                                                       bstride, cr, nvalid);
+                        fns[(m - 1) * BMAX + (bk - 1)](
+                            sp, sl, ar, lda, aline,
+                            B + (g * nob + ob) * bstride + l0 * bline + p0 * NB, bstride, bline,
+                            cr, nvalid);
                         k += bk;
                     }
                 }
@@ -671,8 +679,8 @@ void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astr
                             ar[i] = a + i;
                             cr[i] = dwt + (c0 + i) * P->O + g * og + (ob + j) * NB;
                         }
-                        fns[(m - 1) * BMAX + (bj - 1)](np, ar, lda, b + j * bstride, bstride,
-                                                       cr, nv_j);
+                        fns[(m - 1) * BMAX + (bj - 1)](np, 1, ar, lda, 0, b + j * bstride,
+                                                       bstride, 0, cr, nv_j);
                     }
                 }
                 k += bk;
@@ -689,7 +697,7 @@ void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astr
 // 4 taps = 12 rows instead of 4 tiles of 3).
 void wgrad_gemm_rows(const WgradProblem* P, const float* const* arow, float* const* crow,
                      int64_t nrows, int64_t lda, const float* B, int64_t bstride, int64_t np,
-                     int64_t oblo, int64_t obhi) {
+                     int64_t oblo, int64_t obhi, int64_t nl, int64_t aline, int64_t bline) {
     const int64_t G = P->groups, cg = P->C / G, og = P->O / G;
     const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
     const int64_t nob = (og + NB - 1) / NB, ntiles = (nrows + mr - 1) / mr;
@@ -710,8 +718,9 @@ void wgrad_gemm_rows(const WgradProblem* P, const float* const* arow, float* con
                     ar[i] = arow[r0 + i] + g * cg;
                     cr[i] = crow[r0 + i] + g * og + ob * NB;
                 }
-                fns[(m - 1) * BMAX + (bk - 1)](np, ar, lda, B + (g * nob + ob) * bstride,
-                                               bstride, cr, nvalid);
+                fns[(m - 1) * BMAX + (bk - 1)](np, nl, ar, lda, aline,
+                                               B + (g * nob + ob) * bstride, bstride, bline,
+                                               cr, nvalid);
                 ob += bk;
             }
         }
@@ -845,19 +854,42 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
         };
 
         if (long_lines) {
-            for (int64_t l = l0; l < l1; l++) {
-                int64_t n, ud, uh;
-                wgrad_decode(P, l, n, ud, uh);
+            // Groups of lines: whole lines of one (n, d) whose positions fit in a chunk
+            // (a tile then sums all their positions with its accumulators in registers:
+            // ResNet-50 res3's 28-position lines paid a tile's loads and stores per
+            // line), or one line cut into chunks along w.
+            for (int64_t lg = l0; lg < l1;) {
+                int64_t n, ud, uh0;
+                wgrad_decode(P, lg, n, ud, uh0);
+                const int64_t nl = Mw < pc ? std::min({pc / Mw, l1 - lg, P->M[1] - uh0})
+                                           : 1;
                 for (int64_t w0 = 0; w0 < Mw; w0 += pc) {
                     const int64_t w1 = std::min(Mw, w0 + pc), np = w1 - w0;
-                    full_runs.assign(1, Run{nullptr, yrow(l, w0), np});
+                    full_runs.clear();
+                    for (int64_t j = 0; j < nl; j++)
+                        full_runs.push_back(Run{nullptr, yrow(lg + j, w0), np});
+                    const int64_t bline = np * NB, bstr = nl * np * NB;
                     bool packed_b = false;
                     for (int64_t kd = 0; kd < P->K[0]; kd++) {
                         const int64_t dd = ud * P->s[0] + kd * P->d[0] - P->pb[0];
                         if (dd < 0 || dd >= P->L[0]) continue;
                         for (int64_t kh = 0; kh < P->K[1]; kh++) {
-                            const int64_t hh = uh * P->s[1] + kh * P->d[1] - P->pb[1];
-                            if (hh < 0 || hh >= P->L[1]) continue;
+                            // the group's lines j whose x row hh(j) is inside the input
+                            const int64_t h0 = uh0 * P->s[1] + kh * P->d[1] - P->pb[1];
+                            int64_t ja, jb;
+                            valid_range(nl, P->s[1], h0, P->L[1], ja, jb);
+                            if (jb <= ja) continue;
+                            auto hh = [&](int64_t j) { return h0 + j * P->s[1]; };
+                            // x rows of consecutive lines a fixed distance apart (always
+                            // in place; converted rows when their lines are consecutive)
+                            int64_t aline = 0;
+                            bool uniform = true;
+                            if (jb - ja > 1) {
+                                const float* r0 = xrow(n, dd, hh(ja), 0);
+                                aline = xrow(n, dd, hh(ja + 1), 0) - r0;
+                                for (int64_t j = ja + 2; j < jb && uniform; j++)
+                                    uniform = xrow(n, dd, hh(j), 0) - r0 == (j - ja) * aline;
+                            }
                             // taps kw in order; x index v*sw + r with v = p + q(kw), r the
                             // phase; taps of one phase whose x rows overlap share rows
                             int64_t gr = -1, vlo = 0, vhi = 0;
@@ -879,10 +911,10 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
                                     std::max(vhi, b + q) - std::min(vlo, a + q) <= pc + XHALO;
                                 if (ng > 0 && !fits) {
                                     if (!packed_b) {
-                                        pack_panel(Bfull, full_runs, false, np, ypix, G, og, NB, false);
+                                        pack_panel(Bfull, full_runs, false, nl * np, ypix, G, og,
+                                                   NB, false);
                                         packed_b = true;
                                     }
-                                    const float* xa = xrow(n, dd, hh, vlo * sw + gr);
                                     // few channels per group: the taps' rows share tiles
                                     // over the positions every tap reads (the rest per tap)
                                     int64_t ca = 0, cb = 0;
@@ -893,33 +925,46 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
                                             cb = std::min(cb, gtaps[j].b);
                                         }
                                     }
-                                    if (cb > ca) {
-                                        int nr = 0;
+                                    // lines [jl, jh) in one call each
+                                    auto emit = [&](int64_t jl, int64_t jh, int64_t al) {
+                                        const float* xa = xrow(n, dd, hh(jl), vlo * sw + gr);
+                                        const float* Bl = Bfull + jl * bline;
+                                        if (cb > ca) {
+                                            int nr = 0;
+                                            for (int j = 0; j < ng; j++) {
+                                                const GroupTap& gt = gtaps[j];
+                                                const int64_t t =
+                                                    (kd * P->K[1] + kh) * Kw + gt.kw;
+                                                for (int64_t c = 0; c < cg; c++, nr++) {
+                                                    frow[nr] =
+                                                        xa + (ca + gt.q - vlo) * xstep + c;
+                                                    fout[nr] = dw + (t * cg + c) * P->O;
+                                                }
+                                            }
+                                            wgrad_gemm_rows(P, frow, fout, nr, xstep,
+                                                            Bl + (ca - w0) * NB, bstr, cb - ca,
+                                                            oblo, obhi, jh - jl, al, bline);
+                                        }
                                         for (int j = 0; j < ng; j++) {
                                             const GroupTap& gt = gtaps[j];
                                             const int64_t t = (kd * P->K[1] + kh) * Kw + gt.kw;
-                                            for (int64_t c = 0; c < cg; c++, nr++) {
-                                                frow[nr] = xa + (ca + gt.q - vlo) * xstep + c;
-                                                fout[nr] = dw + (t * cg + c) * P->O;
+                                            const int64_t runs_[2][2] = {
+                                                {gt.a, cb > ca ? ca : gt.b},
+                                                {cb > ca ? cb : gt.b, gt.b}};
+                                            for (const auto& run : runs_) {
+                                                if (run[1] <= run[0]) continue;
+                                                wgrad_gemm(P, xa + (run[0] + gt.q - vlo) * xstep,
+                                                           xstep, 0, Bl + (run[0] - w0) * NB,
+                                                           bstr, run[1] - run[0],
+                                                           dw + t * cg * P->O, oblo, obhi,
+                                                           jh - jl, al, bline);
                                             }
                                         }
-                                        wgrad_gemm_rows(P, frow, fout, nr, xstep,
-                                                        Bfull + (ca - w0) * NB, np * NB, cb - ca,
-                                                        oblo, obhi);
-                                    }
-                                    for (int j = 0; j < ng; j++) {
-                                        const GroupTap& gt = gtaps[j];
-                                        const int64_t t = (kd * P->K[1] + kh) * Kw + gt.kw;
-                                        const int64_t runs_[2][2] = {
-                                            {gt.a, cb > ca ? ca : gt.b},
-                                            {cb > ca ? cb : gt.b, gt.b}};
-                                        for (const auto& run : runs_) {
-                                            if (run[1] <= run[0]) continue;
-                                            wgrad_gemm(P, xa + (run[0] + gt.q - vlo) * xstep,
-                                                       xstep, 0, Bfull + (run[0] - w0) * NB,
-                                                       np * NB, run[1] - run[0],
-                                                       dw + t * cg * P->O, oblo, obhi);
-                                        }
+                                    };
+                                    if (uniform) {
+                                        emit(ja, jb, aline);
+                                    } else {
+                                        for (int64_t j = ja; j < jb; j++) emit(j, j + 1, 0);
                                     }
                                     ng = 0;
                                 }
@@ -934,6 +979,7 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
                         }
                     }
                 }
+                lg += nl;
             }
             continue;
         }

@@ -22,13 +22,15 @@ constexpr int CORR_RMAX[5] = {0, 12, 6, 4, 3};
 #endif
 constexpr int BMAX = 4;
 
-// C_i[k*NB + j] += sum_p A_i[p*lda] * B_k[p*NB + j] for MR rows i and BK blocks k
-// of B (B_k = B + k*bstride); nvalid counts the valid columns of all blocks.  Row i
-// reads A_i = a[i] (one input channel of one tap: rows of a tile may come from
-// different taps) and adds into C_i = c[i].
+// C_i[k*NB + j] += sum_l sum_p A_i[l*aline + p*lda] * B_k[l*bline + p*NB + j] for MR
+// rows i and BK blocks k of B (B_k = B + k*bstride), over nl lines of np positions;
+// nvalid counts the valid columns of all blocks.  Row i reads A_i = a[i] (one input
+// channel of one tap: rows of a tile may come from different taps) and adds into
+// C_i = c[i].  Lines let one call sum the positions of several short output lines
+// (x rows a fixed distance apart) while its accumulators stay in registers.
 template <int MR, int NV, int BK>
-void gemm_tile(int64_t np, const float* const* a, int64_t lda, const float* B, int64_t bstride,
-               float* const* c, int nvalid) {
+void gemm_tile(int64_t np, int64_t nl, const float* const* a, int64_t lda, int64_t aline,
+               const float* B, int64_t bstride, int64_t bline, float* const* c, int nvalid) {
     constexpr int NB = NV * VL;
     vf acc[MR][BK][NV];
     const float* A[MR];
@@ -40,21 +42,25 @@ void gemm_tile(int64_t np, const float* const* a, int64_t lda, const float* B, i
 #pragma GCC unroll 8
             for (int v = 0; v < NV; v++) acc[i][k][v] = zero();
     }
-    for (int64_t p = 0; p < np; p++) {
-        vf b[BK][NV];
-#pragma GCC unroll 8
-        for (int k = 0; k < BK; k++)
-#pragma GCC unroll 8
-            for (int v = 0; v < NV; v++) b[k][v] = load(B + k * bstride + p * NB + v * VL);
-        const int64_t ap = p * lda;
-#pragma GCC unroll 64
-        for (int i = 0; i < MR; i++) {
-            vf s = bcast(A[i][ap]);
+    for (int64_t l = 0; l < nl; l++, B += bline) {
+        for (int64_t p = 0; p < np; p++) {
+            vf b[BK][NV];
 #pragma GCC unroll 8
             for (int k = 0; k < BK; k++)
 #pragma GCC unroll 8
-                for (int v = 0; v < NV; v++) acc[i][k][v] += s * b[k][v];
+                for (int v = 0; v < NV; v++) b[k][v] = load(B + k * bstride + p * NB + v * VL);
+            const int64_t ap = p * lda;
+#pragma GCC unroll 64
+            for (int i = 0; i < MR; i++) {
+                vf s = bcast(A[i][ap]);
+#pragma GCC unroll 8
+                for (int k = 0; k < BK; k++)
+#pragma GCC unroll 8
+                    for (int v = 0; v < NV; v++) acc[i][k][v] += s * b[k][v];
+            }
         }
+#pragma GCC unroll 64
+        for (int i = 0; i < MR; i++) A[i] += aline;
     }
     if (nvalid == BK * NB) {
 #pragma GCC unroll 64
@@ -78,8 +84,8 @@ void gemm_tile(int64_t np, const float* const* a, int64_t lda, const float* B, i
             }
 }
 
-typedef void (*gemm_fn)(int64_t, const float* const*, int64_t, const float*, int64_t,
-                        float* const*, int);
+typedef void (*gemm_fn)(int64_t, int64_t, const float* const*, int64_t, int64_t,
+                        const float*, int64_t, int64_t, float* const*, int);
 
 #if CG_VL == 16
 constexpr int WG_MR[5] = {0, 24, 14, 9, 6};

@@ -1163,9 +1163,9 @@ void wgrad_items(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox& box, fl
                             ar[i] = Va + r0 + i;
                             cr[i] = Mk + (I.c0 + r0 + i) * opad + ob * NB;
                         }
-                        fns[(rows - 1) * BMAX + (bk - 1)](nd * nt, ar, cw,
+                        fns[(rows - 1) * BMAX + (bk - 1)](nd * nt, 1, ar, cw, 0,
                                                           Y + a * lay.ystride + (ob - I.ob0) * lay.bstride,
-                                                          lay.bstride, cr, nvalid);
+                                                          lay.bstride, 0, cr, nvalid);
                         ob += bk;
                     }
                 }
