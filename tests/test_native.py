@@ -151,6 +151,40 @@ def test_weight_gradient_modes_agree(name, rng, monkeypatch):
         check(case, rng, threads=2)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype,channels_last", [(np.float32, False), (np.float16, True),
+                                                 (bfloat16, False)])
+@pytest.mark.parametrize("geom", [
+    _geometry(2, c=20, o=24, size=15, k=3, s=2, pb=1, pe=1),          # phases 8 and 7 wide
+    _geometry(2, c=9, o=16, size=17, k=4, s=3, d=2, pb=3, pe=0, n=1),  # 3 w phases, dilated
+    _geometry(1, c=12, o=20, size=40, k=5, s=4, pb=2, pe=3),           # 1-D, phases of 1 tap
+    _geometry(3, c=8, o=12, size=7, k=3, s=2, pb=1, pe=2, n=1),
+], ids=["2d-s2", "2d-s3-dilated", "1d-s4", "3d-s2"])
+def test_buffered_data_gradients_take_the_w_phases_of_a_line_together(isa, dtype,
+                                                                       channels_last, geom,
+                                                                       rng, monkeypatch):
+    """A data gradient computed into line buffers (channels-first or 16-bit results)
+    with a stride along w computes all w phases of a line in one item and stores the
+    line once: the same values as one phase per item, bit for bit, and as the
+    reference."""
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    x, w, dy = make_arrays(geom, rng, dtype, channels_last)
+    kw = {k: geom[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    want = reference_results(geom, x, w, dy)[2]
+    merged = []
+    real = native.corr_plan.__wrapped__
+    monkeypatch.setattr(native, "corr_plan",
+                        lambda *a: merged.append(real(*a).wphases) or real(*a))
+    got = {}
+    for merge in (True, False):
+        monkeypatch.setattr(native, "MERGE_W_PHASES", merge)
+        with convgrad.config(algo="native", isa=isa, threads=2):
+            got[merge] = convgrad.conv_data_grad(w, dy, x.shape, **kw)
+        assert_close(got[merge], want, dtype)
+    assert merged == [geom["strides"][-1], 1]
+    np.testing.assert_array_equal(got[True], got[False])
+
+
 def test_results_do_not_depend_on_the_thread_count(rng, monkeypatch):
     monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
     case = _geometry(2, c=24, o=40, size=37, k=3, n=3)

@@ -73,6 +73,8 @@ CORR_ITEM_BYTES = 512 * 2**10
 CORR_OUT_BYTES = 1 * 2**20
 CORR_WEIGHT_BYTES = 256 * 2**10
 CORR_L1_WEIGHT_BYTES = 0        # (measured no gain yet; see docs/kernels.md)
+# buffered data gradients compute all w phases of a line in one item (corr_plan)
+MERGE_W_PHASES = True
 # wgrad: the packed panels of one chunk of positions (x rows, dy rows; swept in
 # L2-sized blocks) take about this much; a chunk has at least / at most this
 # many positions.
@@ -113,7 +115,8 @@ class _Corr(ctypes.Structure):
                 ("phases", ctypes.c_void_p), ("taps", ctypes.c_void_p),
                 ("wpk", ctypes.c_void_p), ("wg", _I64), ("wob", _I64), ("wt", _I64),
                 ("wc", _I64), ("ntap_w", _I64), ("nv", _I64), ("r", _I64),
-                ("ob_group", _I64), ("items", ctypes.c_void_p), ("stream", _I64)]
+                ("ob_group", _I64), ("items", ctypes.c_void_p), ("stream", _I64),
+                ("wphases", _I64)]
 
 
 class _Wgrad(ctypes.Structure):
@@ -577,6 +580,7 @@ class CorrPlan:
     rmax: int
     ob_group: int
     items: np.ndarray     # per item: phase, first line, end line, first and end block
+    wphases: int = 1      # phases an item computes (see corr_plan)
 
 
 def _corr_taps(geom: ConvGeometry, kind: str):
@@ -622,6 +626,17 @@ def _weight_stationary(geom: ConvGeometry, kind: str, vl: int) -> bool:
     return nob > ob_group and weight_bytes > CORR_WEIGHT_BYTES and weight_bytes > 2 * data_bytes
 
 
+def _w_phase_families(ph: np.ndarray, ostep) -> int:
+    """``ostep[2]`` when the phases (rows of ``ph``: or[3], U[3], tap range) come as
+    runs of the ``ostep[2]`` w phases 0, 1, ... of one (d, h) phase, else 1."""
+    sw = int(ostep[2])
+    if sw <= 1 or len(ph) % sw:
+        return 1
+    fam = ph.reshape(-1, sw, 8)
+    same = (fam[:, :, :2] == fam[:, :1, :2]).all() and (fam[:, :, 3:5] == fam[:, :1, 3:5]).all()
+    return sw if same and (fam[:, :, 2] == np.arange(sw)).all() else 1
+
+
 @functools.lru_cache(maxsize=256)
 def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: int,
               packed: bool, out_buffered: bool, budgets: tuple) -> CorrPlan:
@@ -658,12 +673,19 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: i
     ob_split = not packed and _weight_stationary(geom, kind, vl)
     ob_ranges = ([(b, min(nob, b + ob_group)) for b in range(0, nob, ob_group)] if ob_split
                  else [(0, nob)])
+    # a data gradient whose result is computed into line buffers (channels-first or
+    # 16-bit callers) takes the w phases of one (d, h) phase in one item: its buffer
+    # then holds whole output lines, stored once (engine.cpp: cg_corr_run)
+    wphases = _w_phase_families(ph, ostep) if out_buffered and MERGE_W_PHASES else 1
     items = []
-    for k, p in enumerate(ph):
+    for k in range(0, len(ph), wphases):
+        fam = ph[k:k + wphases]
+        p = fam[0]
         lines = n * int(p[3] * p[4])
-        rows_h = len(set(t4[p[6]:p[7], 1].tolist())) or 1
-        rows_d = len(set(t4[p[6]:p[7], 0].tolist())) or 1
-        out_line = int(p[5]) * cout * 4 if out_buffered else 0
+        ftaps = np.concatenate([t4[q[6]:q[7]] for q in fam])
+        rows_h = len(set(ftaps[:, 1].tolist())) or 1
+        rows_d = len(set(ftaps[:, 0].tolist())) or 1
+        out_line = int(fam[:, 5].sum()) * cout * 4 if out_buffered else 0
         band = max(1, total * len(ob_ranges) // (8 * threads) if not ob_split else lines)
         while band > 1 and (rows_d * (band * istep[1] + rows_h) * line_bytes > budget
                             or band * out_line > out_bytes):
@@ -674,7 +696,7 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: i
     # their items follow each other (a thread finds those rows still in cache)
     items.sort(key=lambda it: (it[3], it[1], it[0]))
     plan = CorrPlan(n, lin, cin, cout, G, istep, ostep, ph, t4, ntap_w, nv, rmax_of[nv - 1],
-                    ob_group, _i64(items).reshape(-1, 5))
+                    ob_group, _i64(items).reshape(-1, 5), wphases)
     for a in (plan.phases, plan.taps, plan.items):
         a.setflags(write=False)
     return plan
@@ -817,7 +839,8 @@ def _corr(eng: Engine, plan: CorrPlan, inp: np.ndarray, out: np.ndarray, weights
                  (_I64 * 3)(*plan.lin), plan.cin, plan.cout, plan.groups,
                  (_I64 * 3)(*plan.istep), (_I64 * 3)(*plan.ostep), plan.phases.ctypes.data,
                  plan.taps.ctypes.data, warr.ctypes.data, wg, wob, wt, wc, plan.ntap_w,
-                 plan.nv, plan.rmax, plan.ob_group, plan.items.ctypes.data, int(stream))
+                 plan.nv, plan.rmax, plan.ob_group, plan.items.ctypes.data, int(stream),
+                 plan.wphases)
     pp = ctypes.addressof(prob)
 
     n = len(plan.items)

@@ -183,6 +183,9 @@ struct CorrProblem {
     int64_t stream;            // write float32 channels-last output blocks of whole cache
                                // lines with streaming stores (the caller checked their
                                // alignment; native.py: _results.streams)
+    int64_t wphases;           // phases an item computes: 1, or (a buffered data gradient,
+                               // see cg_corr_run) the os[2] consecutive phases of one
+                               // (rd, rh) -- its item's phase is the first of them
 };
 
 const char* cg_isa(void) { return CG_ISA_NAME; }
@@ -221,11 +224,13 @@ inline void decode_line(const int64_t* ph, int64_t l, int64_t& n, int64_t& ud, i
     uh = l % Uh;
 }
 
-// Keys (n * Lin0 + d) * Lin1 + h of the input lines the item reads, sorted.
+// Keys (n * Lin0 + d) * Lin1 + h of the input lines the item reads (the phases it
+// computes), sorted.
 void item_line_keys(const CorrProblem* P, const int64_t* item, std::vector<int64_t>& keys) {
-    const int64_t* ph = P->phases + 8 * item[0];
     keys.clear();
+    for (int64_t f = 0; f < P->wphases; f++)
     for (int64_t l = item[1]; l < item[2]; l++) {
+        const int64_t* ph = P->phases + 8 * (item[0] + f);
         int64_t n, ud, uh;
         decode_line(ph, l, n, ud, uh);
         for (int64_t k = ph[6]; k < ph[7]; k++) {
@@ -237,6 +242,14 @@ void item_line_keys(const CorrProblem* P, const int64_t* item, std::vector<int64
     }
     std::sort(keys.begin(), keys.end());
     keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+}
+
+// Output pixels per line of an item's buffer: its phase's, or the whole output line
+// when the item computes all the w phases of a data gradient.
+inline int64_t item_width(const CorrProblem* P, const int64_t* item) {
+    int64_t w = 0;
+    for (int64_t f = 0; f < P->wphases; f++) w += P->phases[8 * (item[0] + f) + 5];
+    return w;
 }
 
 // A set of output pixels sharing their valid taps, in item order.
@@ -259,7 +272,7 @@ int64_t cg_corr_scratch(const CorrProblem* P, int64_t lo, int64_t hi) {
             item_line_keys(P, item, keys);
             need += (int64_t)keys.size() * P->Lin[2] * P->Cin;
         }
-        if (obuf) need += (item[2] - item[1]) * P->phases[8 * item[0] + 5] * P->Cout;
+        if (obuf) need += (item[2] - item[1]) * item_width(P, item) * P->Cout;
         most = std::max(most, need);
     }
     return most;
@@ -295,133 +308,142 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
 
     for (int64_t it = lo; it < hi; it++) {
         const int64_t* item = P->items + 5 * it;
-        const int64_t* ph = P->phases + 8 * item[0];
-        const int64_t ord = ph[0], orh = ph[1], orw = ph[2];
-        const int64_t Uw = ph[5];
-        const int64_t tb = ph[6], te = ph[7], nt = te - tb;
         if (packed) {
             item_line_keys(P, item, keys);
             pack_keyed_lines(scratch, P->in, keys, P->Lin[0], P->Lin[1], W, P->Cin);
         }
         float* const outbuf = scratch + (packed ? (int64_t)keys.size() * W * P->Cin : 0);
-        // per line: the taps' input lines and w ranges; pixels grouped by valid taps
         const int64_t nl = item[2] - item[1];
-        const int64_t opix = obuf ? P->Cout : os[2] * P->ostride[3];
-        lines.resize(nl);
-        lptr.assign(nl * nt, nullptr);
-        u0s.assign(nl * nt, 0);
-        u1s.assign(nl * nt, 0);
-        for (auto& c : classes) {
-            c.line.clear();
-            c.u.clear();
-        }
-        size_t ncls = 0;
-        for (int64_t li = 0; li < nl; li++) {
-            int64_t n, ud, uh;
-            decode_line(ph, item[1] + li, n, ud, uh);
-            LineTaps& L = lines[li];
-            L.n = n, L.ud = ud, L.uh = uh;
-            L.out = obuf ? outbuf + li * Uw * P->Cout
-                         : (float*)P->out + n * P->ostride[0] +
-                               (ud * os[0] + ord) * P->ostride[1] +
-                               (uh * os[1] + orh) * P->ostride[2] + orw * P->ostride[3];
-            bps.assign({0, Uw});
-            for (int64_t k = 0; k < nt; k++) {
-                const int64_t* tp = P->taps + 4 * (tb + k);
-                const int64_t dd = ud * P->is[0] + tp[0], hh = uh * P->is[1] + tp[1];
-                if (dd < 0 || dd >= P->Lin[0] || hh < 0 || hh >= P->Lin[1]) continue;
-                int64_t a, b;
-                valid_range(Uw, P->is[2], tp[2], W, a, b);
-                if (b <= a) continue;
-                const float* line;
-                if (packed) {
-                    const int64_t key = (n * P->Lin[0] + dd) * P->Lin[1] + hh;
-                    line = scratch + (std::lower_bound(keys.begin(), keys.end(), key) -
-                                      keys.begin()) * W * P->Cin;
-                } else {
-                    line = (const float*)at(P->in, n, dd, hh, 0, 0);
-                }
-                lptr[li * nt + k] = line;
-                u0s[li * nt + k] = a;
-                u1s[li * nt + k] = b;
-                bps.push_back(a);
-                bps.push_back(b);
+        // an item of several w phases (a buffered data gradient) computes whole output
+        // lines into its buffer, the phases' pixels interleaved there, and stores each
+        // line once: stored phase by phase, every output line of an NCX caller was
+        // written a few floats of every cache line at a time, once per phase
+        const bool merged = P->wphases > 1;
+        const int64_t bw = item_width(P, item);        // pixels of a buffered line
+        const int64_t* ph0 = P->phases + 8 * item[0];
+        for (int64_t f = 0; f < P->wphases; f++) {
+            const int64_t* ph = ph0 + 8 * f;
+            const int64_t ord = ph[0], orh = ph[1], orw = ph[2];
+            const int64_t Uw = ph[5];
+            const int64_t tb = ph[6], te = ph[7], nt = te - tb;
+            // per line: the taps' input lines and w ranges; pixels grouped by valid taps
+            const int64_t opix = obuf ? (merged ? os[2] : 1) * P->Cout : os[2] * P->ostride[3];
+            lines.resize(nl);
+            lptr.assign(nl * nt, nullptr);
+            u0s.assign(nl * nt, 0);
+            u1s.assign(nl * nt, 0);
+            for (auto& c : classes) {
+                c.line.clear();
+                c.u.clear();
             }
-            std::sort(bps.begin(), bps.end());
-            bps.erase(std::unique(bps.begin(), bps.end()), bps.end());
-            for (size_t s = 0; s + 1 < bps.size(); s++) {
-                const int64_t a = bps[s], e = bps[s + 1];
-                valid.clear();
-                for (int64_t k = 0; k < nt; k++)
-                    if (lptr[li * nt + k] && u0s[li * nt + k] <= a && u1s[li * nt + k] >= e)
-                        valid.push_back(k);
-                size_t c = 0;
-                while (c < ncls && classes[c].taps != valid) c++;
-                if (c == ncls) {
-                    if (ncls == classes.size()) classes.emplace_back();
-                    classes[c].taps = valid;
-                    classes[c].line.clear();
-                    classes[c].u.clear();
-                    ncls++;
-                }
-                for (int64_t u = a; u < e; u++) {
-                    classes[c].line.push_back((int32_t)li);
-                    classes[c].u.push_back(u);
-                }
-            }
-        }
-        // every output block of every group, a few blocks' weights at a time
-        for (int64_t g = 0; g < G; g++) {
-            for (int64_t ob0 = item[3]; ob0 < std::min(nob, item[4]); ob0 += bg) {
-                const int64_t ob1 = std::min(std::min(nob, item[4]), ob0 + bg);
-                for (size_t ci = 0; ci < ncls; ci++) {
-                    const PixelClass& C = classes[ci];
-                    const int64_t npx = (int64_t)C.u.size();
-                    const int ntp = (int)C.taps.size();
-                    if (ntp == 0) {
-                        for (int64_t p = 0; p < npx; p++) {
-                            float* o = lines[C.line[p]].out + C.u[p] * opix +
-                                       (g * cout_g + ob0 * NB) * ochan;
-                            const int64_t m = std::min(cout_g, ob1 * NB) - ob0 * NB;
-                            for (int64_t j = 0; j < m; j++) o[j * ochan] = 0.0f;
-                        }
-                        continue;
+            size_t ncls = 0;
+            for (int64_t li = 0; li < nl; li++) {
+                int64_t n, ud, uh;
+                decode_line(ph, item[1] + li, n, ud, uh);
+                LineTaps& L = lines[li];
+                L.n = n, L.ud = ud, L.uh = uh;
+                L.out = obuf ? outbuf + (li * bw + (merged ? orw : 0)) * P->Cout
+                             : (float*)P->out + n * P->ostride[0] +
+                                   (ud * os[0] + ord) * P->ostride[1] +
+                                   (uh * os[1] + orh) * P->ostride[2] + orw * P->ostride[3];
+                bps.assign({0, Uw});
+                for (int64_t k = 0; k < nt; k++) {
+                    const int64_t* tp = P->taps + 4 * (tb + k);
+                    const int64_t dd = ud * P->is[0] + tp[0], hh = uh * P->is[1] + tp[1];
+                    if (dd < 0 || dd >= P->Lin[0] || hh < 0 || hh >= P->Lin[1]) continue;
+                    int64_t a, b;
+                    valid_range(Uw, P->is[2], tp[2], W, a, b);
+                    if (b <= a) continue;
+                    const float* line;
+                    if (packed) {
+                        const int64_t key = (n * P->Lin[0] + dd) * P->Lin[1] + hh;
+                        line = scratch + (std::lower_bound(keys.begin(), keys.end(), key) -
+                                          keys.begin()) * W * P->Cin;
+                    } else {
+                        line = (const float*)at(P->in, n, dd, hh, 0, 0);
                     }
-                    xt.resize((size_t)ntp * rmax);
-                    wt.resize(ntp);
-                    // tiles of near-equal size (a class of 50 pixels: 6,6,6,6,6,5,5,5,5 --
-                    // no narrow last tile starved of accumulators)
-                    const int64_t ntiles = (npx + rmax - 1) / rmax;
-                    for (int64_t tile = 0, p = 0; tile < ntiles; tile++) {
-                        const int r = (int)(npx / ntiles + (tile < npx % ntiles ? 1 : 0));
-                        const int64_t p0 = p;
-                        p += r;
-                        for (int i = 0; i < r; i++) {
-                            const LineTaps& L = lines[C.line[p0 + i]];
-                            const int64_t li = C.line[p0 + i];
-                            const int64_t u = C.u[p0 + i];
-                            optr[i] = L.out + u * opix + (g * cout_g) * ochan;
-                            for (int k = 0; k < ntp; k++) {
-                                const int64_t e = C.taps[k];
-                                const int64_t* tp = P->taps + 4 * (tb + e);
-                                xt[(size_t)k * r + i] = lptr[li * nt + e] +
-                                    (u * P->is[2] + tp[2]) * xpix + g * cin_g;
+                    lptr[li * nt + k] = line;
+                    u0s[li * nt + k] = a;
+                    u1s[li * nt + k] = b;
+                    bps.push_back(a);
+                    bps.push_back(b);
+                }
+                std::sort(bps.begin(), bps.end());
+                bps.erase(std::unique(bps.begin(), bps.end()), bps.end());
+                for (size_t s = 0; s + 1 < bps.size(); s++) {
+                    const int64_t a = bps[s], e = bps[s + 1];
+                    valid.clear();
+                    for (int64_t k = 0; k < nt; k++)
+                        if (lptr[li * nt + k] && u0s[li * nt + k] <= a && u1s[li * nt + k] >= e)
+                            valid.push_back(k);
+                    size_t c = 0;
+                    while (c < ncls && classes[c].taps != valid) c++;
+                    if (c == ncls) {
+                        if (ncls == classes.size()) classes.emplace_back();
+                        classes[c].taps = valid;
+                        classes[c].line.clear();
+                        classes[c].u.clear();
+                        ncls++;
+                    }
+                    for (int64_t u = a; u < e; u++) {
+                        classes[c].line.push_back((int32_t)li);
+                        classes[c].u.push_back(u);
+                    }
+                }
+            }
+            // every output block of every group, a few blocks' weights at a time
+            for (int64_t g = 0; g < G; g++) {
+                for (int64_t ob0 = item[3]; ob0 < std::min(nob, item[4]); ob0 += bg) {
+                    const int64_t ob1 = std::min(std::min(nob, item[4]), ob0 + bg);
+                    for (size_t ci = 0; ci < ncls; ci++) {
+                        const PixelClass& C = classes[ci];
+                        const int64_t npx = (int64_t)C.u.size();
+                        const int ntp = (int)C.taps.size();
+                        if (ntp == 0) {
+                            for (int64_t p = 0; p < npx; p++) {
+                                float* o = lines[C.line[p]].out + C.u[p] * opix +
+                                           (g * cout_g + ob0 * NB) * ochan;
+                                const int64_t m = std::min(cout_g, ob1 * NB) - ob0 * NB;
+                                for (int64_t j = 0; j < m; j++) o[j * ochan] = 0.0f;
                             }
+                            continue;
                         }
-                        const int bmax = corr_blocks(r, nv);
-                        for (int64_t ob = ob0; ob < ob1;) {
-                            const int b = (int)std::min<int64_t>(bmax, ob1 - ob);
-                            const int nvalid = (int)std::min<int64_t>(b * NB, cout_g - ob * NB);
-                            for (int k = 0; k < ntp; k++) {
-                                const int64_t* tp = P->taps + 4 * (tb + C.taps[k]);
-                                wt[k] = P->wpk + g * P->wg + ob * P->wob + tp[3] * P->wt;
+                        xt.resize((size_t)ntp * rmax);
+                        wt.resize(ntp);
+                        // tiles of near-equal size (a class of 50 pixels: 6,6,6,6,6,5,5,5,5 --
+                        // no narrow last tile starved of accumulators)
+                        const int64_t ntiles = (npx + rmax - 1) / rmax;
+                        for (int64_t tile = 0, p = 0; tile < ntiles; tile++) {
+                            const int r = (int)(npx / ntiles + (tile < npx % ntiles ? 1 : 0));
+                            const int64_t p0 = p;
+                            p += r;
+                            for (int i = 0; i < r; i++) {
+                                const LineTaps& L = lines[C.line[p0 + i]];
+                                const int64_t li = C.line[p0 + i];
+                                const int64_t u = C.u[p0 + i];
+                                optr[i] = L.out + u * opix + (g * cout_g) * ochan;
+                                for (int k = 0; k < ntp; k++) {
+                                    const int64_t e = C.taps[k];
+                                    const int64_t* tp = P->taps + 4 * (tb + e);
+                                    xt[(size_t)k * r + i] = lptr[li * nt + e] +
+                                        (u * P->is[2] + tp[2]) * xpix + g * cin_g;
+                                }
                             }
-                            float* oo[64];
-                            for (int i = 0; i < r; i++) oo[i] = optr[i] + ob * NB * ochan;
-                            fns[(r - 1) * BMAX + (b - 1)](ntp, xt.data(), wt.data(), P->wob,
-                                                          P->wc, cin_g, oo, ochan, nvalid,
-                                                          stream && ntp * cin_g >= CORR_STREAM_MIN_SUM);
-                            ob += b;
+                            const int bmax = corr_blocks(r, nv);
+                            for (int64_t ob = ob0; ob < ob1;) {
+                                const int b = (int)std::min<int64_t>(bmax, ob1 - ob);
+                                const int nvalid = (int)std::min<int64_t>(b * NB, cout_g - ob * NB);
+                                for (int k = 0; k < ntp; k++) {
+                                    const int64_t* tp = P->taps + 4 * (tb + C.taps[k]);
+                                    wt[k] = P->wpk + g * P->wg + ob * P->wob + tp[3] * P->wt;
+                                }
+                                float* oo[64];
+                                for (int i = 0; i < r; i++) oo[i] = optr[i] + ob * NB * ochan;
+                                fns[(r - 1) * BMAX + (b - 1)](
+                                    ntp, xt.data(), wt.data(), P->wob, P->wc, cin_g, oo, ochan,
+                                    nvalid, stream && ntp * cin_g >= CORR_STREAM_MIN_SUM);
+                                ob += b;
+                            }
                         }
                     }
                 }
@@ -429,11 +451,14 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
         }
         if (obuf) {
             // [u][c] line buffers -> the output (its layout and dtype)
-            const int64_t ropix = os[2] * P->ostride[3], rochan = P->ostride[4];
+            const int64_t ord = ph0[0], orh = ph0[1], orw = merged ? 0 : ph0[2];
+            const int64_t Uw = bw;
+            const int64_t ropix = (merged ? 1 : os[2]) * P->ostride[3], rochan = P->ostride[4];
             const int64_t es = P->out_dtype == F32 ? 4 : 2;
             float tmp[64];
             for (int64_t li = 0; li < nl; li++) {
                 const LineTaps& L = lines[li];
+                const float* const lb = outbuf + li * bw * P->Cout;     // the line's buffer
                 char* dst = (char*)P->out +
                             es * (L.n * P->ostride[0] + (L.ud * os[0] + ord) * P->ostride[1] +
                                   (L.uh * os[1] + orh) * P->ostride[2] + orw * P->ostride[3]);
@@ -444,7 +469,7 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                     for (int64_t g = 0; g < G; g++)
                         for (int64_t u = 0; u < Uw; u++)
                             store_run(dst + es * (u * ropix + g * cout_g + c0), P->out_dtype, 1,
-                                      L.out + u * P->Cout + g * cout_g + c0, c1 - c0);
+                                      lb + u * P->Cout + g * cout_g + c0, c1 - c0);
                     continue;
                 }
                 // channels first: blocks of 8 channels x 64 pixels transposed 8 x 8
@@ -452,7 +477,7 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                     for (int64_t cb = g * cout_g + c0; cb < g * cout_g + c1; cb += 8) {
                         const int64_t cn = std::min<int64_t>(8, g * cout_g + c1 - cb);
                         for (int64_t u0 = 0; u0 < Uw; u0 += 64) {
-                            const float* s = L.out + u0 * P->Cout + cb;
+                            const float* s = lb + u0 * P->Cout + cb;
                             store_channel_runs(
                                 dst + es * (cb * rochan + u0 * ropix), P->out_dtype, ropix,
                                 rochan, [&](int64_t u) { return s + u * P->Cout; },
