@@ -75,6 +75,8 @@ CORR_WEIGHT_BYTES = 256 * 2**10
 CORR_L1_WEIGHT_BYTES = 0        # (measured no gain yet; see docs/kernels.md)
 # buffered data gradients compute all w phases of a line in one item (corr_plan)
 MERGE_W_PHASES = True
+# channels-first float32 pointwise weight gradients take cg_pw_cf_run
+PW_CHANNELS_FIRST = True
 # wgrad: the packed panels of one chunk of positions (x rows, dy rows; swept in
 # L2-sized blocks) take about this much; a chunk has at least / at most this
 # many positions.
@@ -117,6 +119,12 @@ class _Corr(ctypes.Structure):
                 ("wc", _I64), ("ntap_w", _I64), ("nv", _I64), ("r", _I64),
                 ("ob_group", _I64), ("items", ctypes.c_void_p), ("stream", _I64),
                 ("wphases", _I64)]
+
+
+class _Pw(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_void_p), ("dy", ctypes.c_void_p), ("xn", _I64), ("xc", _I64),
+                ("yn", _I64), ("yo", _I64), ("P", _I64), ("C", _I64), ("O", _I64),
+                ("cp", _I64)]
 
 
 class _Wgrad(ctypes.Structure):
@@ -167,6 +175,8 @@ class Engine:
                 ("cg_pack_panels", None, [vp, i64, i64, i64, i64, i64, i64, i64, i64, i64, vp,
                                           i64, i64]),
                 ("cg_permute", None, [vp, vp, i64, vp, vp, vp, i64, i64]),
+                ("cg_pw_cf_nb", i64, []),
+                ("cg_pw_cf_scratch", i64, [vp]),
                 ("cg_fma_loop", ctypes.c_float, [i64]),
                 ("cg_store_floats", None, [vp, i64, vp, i64]),
                 ("cg_load_floats", None, [vp, vp, i64, i64]),
@@ -400,7 +410,9 @@ def memory(call) -> dict[str, int]:
         b = {"fwd": g.c, "dgrad": g.o, "wgrad": g.c}[call.op] * (p + 64)
         parts["a sample's panels, per thread"] = threads * b * 4
         if call.op == "wgrad":
-            parts["per-sample weight gradients"] = (min(threads, g.n) + 1) * g.o * g.c * 4
+            # (float32 calls: columns rounded up to the widest block, cg_pw_cf_run)
+            parts["per-sample weight gradients"] = ((min(threads, g.n) + 1) * g.o
+                                                    * -(-g.c // 32) * 32 * 4)
     return parts
 
 
@@ -960,6 +972,34 @@ def wgrad_plan(geom: ConvGeometry, vl: int, mr_of: tuple, consts: tuple) -> Wgra
     return WgradPlan(nv, chunk, items, split_outputs, min(chunks, len(items)), nblocks)
 
 
+def _pointwise_wgrad_cf(eng: Engine, xs: np.ndarray, dys: np.ndarray, threads: int
+                        ) -> np.ndarray:
+    """The weight gradient (C, O) of a channels-first float32 pointwise problem from
+    per-sample (channels, positions) views: one sample per call of the engine's
+    kernel (engine.cpp: cg_pw_cf_run, x's rows transposed into panels a chunk of
+    positions at a time, dy's rows read in place), samples summed in order (the
+    result never depends on the thread count)."""
+    n, c, p = xs.shape
+    o = dys.shape[1]
+    nb = int(eng.lib.cg_pw_cf_nb())
+    cp = -(-c // nb) * nb
+    prob = _Pw(xs.ctypes.data, dys.ctypes.data, xs.strides[0] // 4, xs.strides[1] // 4,
+               dys.strides[0] // 4, dys.strides[1] // 4, p, c, o, cp)
+    pp = ctypes.addressof(prob)
+    k = max(1, min(threads, n))
+    parts = scratch("native-pw-parts", (k, o, cp), np.float32, zero=False)
+    acc = np.zeros((o, cp), np.float32)
+    buf, per_thread = _pool.thread_scratch("native-pack", int(eng.lib.cg_pw_cf_scratch(pp)), k)
+    for n0 in range(0, n, k):
+        m = min(k, n - n0)
+        _pool.run_native(eng.lib, "cg_pw_cf_run",
+                         [(pp, n0 + j, parts[j].ctypes.data) for j in range(m)], m, per_thread)
+        for j in range(m):
+            acc += parts[j]
+    del prob, buf
+    return acc[:, :c].T
+
+
 def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32."""
     eng = engine()
@@ -970,6 +1010,8 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     threads = _threads(geom.flops)
     x, dy = (_stationary_input(a, geom, "wgrad", eng.vl) for a in (x, dy))
     cf = _channels_first_pointwise(geom, x, dy)
+    if cf is not None and x.dtype == dy.dtype == np.float32 and PW_CHANNELS_FIRST:
+        return _pointwise_wgrad_cf(eng, *cf, threads).reshape(result.shape)
     if cf is not None:
         # dw^T (O, C) = sum over n, in order, of dy[n] (O, P) @ x[n]^T (P, C): a block
         # of one sample per thread at a time, so the sums never depend on threads

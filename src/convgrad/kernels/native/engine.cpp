@@ -1078,6 +1078,91 @@ void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const 
 }
 
 // ---------------------------------------------------------------------------------------
+// The pointwise weight gradient of channels-first callers
+//
+// dwt[o][c] += sum_p dy[o][p] * x[c][p] over one sample's positions (a 1x1, stride-1,
+// unpadded, one-group problem on NCX float32 memory: positions contiguous).  Per chunk
+// of positions, x's channel rows are transposed into [c block][p][NB] panels (8 x 8
+// transposes; they stream from L2 as the tile's vector operand) while each tile reads
+// its MR dy rows where they are (the broadcasts: MR short runs, in L1 after the first
+// block).  The correlation it replaced (a sample's positions as its channels, x^T as its
+// weights) swept all of a sample's dy rows (800 KB for ResNet-50 res2) from L3 once per
+// block of 16 channels, and its x^T panel (3.2 MB) did not fit in L2.
+
+namespace {
+constexpr int PWC_NV = 2;
+constexpr int64_t PWC_PANEL_FLOATS = 48 << 10;     // 192 KiB of x per chunk (L2)
+
+inline int64_t pwc_chunk(int64_t C) {
+    constexpr int NB = PWC_NV * VL;
+    const int64_t cp = (C + NB - 1) / NB * NB;
+    return std::max<int64_t>(64, std::min<int64_t>(1024, PWC_PANEL_FLOATS / cp / 8 * 8));
+}
+}  // namespace
+
+extern "C" {
+
+// One channels-first pointwise weight gradient (see above): x (N, C, P) and dy (N, O, P)
+// float32, strides in floats; dwt [O][cp], cp = C rounded up to NB.
+struct PwProblem {
+    const float* x;
+    const float* dy;
+    int64_t xn, xc;            // x: sample and channel strides (positions contiguous)
+    int64_t yn, yo;            // dy: the same
+    int64_t P, C, O, cp;
+};
+
+int64_t cg_pw_cf_nb(void) { return PWC_NV * VL; }
+
+// Floats of scratch per thread.
+int64_t cg_pw_cf_scratch(const PwProblem* P) { return pwc_chunk(P->C) * P->cp + 64; }
+
+// dwt (O x cp floats) = the gradient of sample n (zeroed first).
+void cg_pw_cf_run(const PwProblem* P, int64_t n, float* dwt, float* scratch) {
+    constexpr int NB = PWC_NV * VL, MR = WG_MR[PWC_NV];
+    const int64_t C = P->C, O = P->O, cp = P->cp, ncb = cp / NB, kc = pwc_chunk(C);
+    const int64_t nt = (O + MR - 1) / MR;
+    const float* x = P->x + n * P->xn;
+    const float* dy = P->dy + n * P->yn;
+    const gemm_fn* fns = gemm_table(PWC_NV);
+    std::fill(dwt, dwt + O * cp, 0.0f);
+    float* bx = scratch;                                    // [c block][p][NB]
+    const float* ar[MR];
+    float* cr[MR];
+    for (int64_t p0 = 0; p0 < P->P; p0 += kc) {
+        const int64_t np = std::min(kc, P->P - p0), p8 = np / 8 * 8;
+        for (int64_t cb = 0; cb < ncb; cb++) {
+            float* o = bx + cb * kc * NB;
+            for (int64_t j0 = 0; j0 < NB; j0 += 8) {
+                const int64_t c0 = cb * NB + j0;
+                if (c0 + 8 <= C) {
+                    const float* src = x + c0 * P->xc + p0;
+                    for (int64_t p = 0; p < p8; p += 8)
+                        transpose8(src + p, P->xc, o + p * NB + j0, NB);
+                    for (int64_t p = p8; p < np; p++)
+                        for (int64_t j = 0; j < 8; j++) o[p * NB + j0 + j] = src[j * P->xc + p];
+                } else {
+                    for (int64_t p = 0; p < np; p++)
+                        for (int64_t j = 0; j < 8; j++)
+                            o[p * NB + j0 + j] = c0 + j < C ? x[(c0 + j) * P->xc + p0 + p] : 0.0f;
+                }
+            }
+        }
+        for (int64_t t = 0; t < nt; t++) {
+            const int64_t o0 = tile_start(t, O, nt);
+            const int m = (int)(tile_start(t + 1, O, nt) - o0);
+            for (int i = 0; i < m; i++) ar[i] = dy + (o0 + i) * P->yo + p0;
+            for (int64_t cb = 0; cb < ncb; cb++) {
+                for (int i = 0; i < m; i++) cr[i] = dwt + (o0 + i) * cp + cb * NB;
+                fns[(m - 1) * BMAX](np, 1, ar, 1, 0, bx + cb * kc * NB, 0, 0, cr, NB);
+            }
+        }
+    }
+}
+
+}  // extern "C"
+
+// ---------------------------------------------------------------------------------------
 // Weight panels and CPU features
 
 extern "C" {
