@@ -575,13 +575,13 @@ def test_channels_first_pointwise_calls(dtype, n, rng, monkeypatch):
     weight gradient's sums do not depend on the thread count (samples in order)."""
     monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
     taken, pw = [], []
-    real, real_pw = native._transposed_pointwise, native._pointwise_wgrad_cf
+    real, real_pw = native._transposed_pointwise, native._pointwise_wgrad
     monkeypatch.setattr(native, "_transposed_pointwise",
                         lambda *a: taken.append(1) or real(*a))
-    monkeypatch.setattr(native, "_pointwise_wgrad_cf", lambda *a: pw.append(1) or real_pw(*a))
+    monkeypatch.setattr(native, "_pointwise_wgrad", lambda *a: pw.append(1) or real_pw(*a))
     case = _geometry(2, c=40, o=24, size=11, k=1, pb=0, pe=0, n=n)
     got = [check(case, rng, dtype=dtype, channels_last=False, threads=t) for t in (1, 2, 3)]
-    # every op of every call (a 16-bit wgrad: a block of samples each; float32: cg_pw_cf_run)
+    # every op of every call (a 16-bit wgrad: a block of samples each; float32: cg_pw_run)
     assert len(taken) >= (6 if dtype == np.float32 else 9)
     assert len(pw) == (3 if dtype == np.float32 else 0)
     x, _, dy = make_arrays(case, rng, dtype, False)
@@ -594,24 +594,25 @@ def test_channels_first_pointwise_calls(dtype, n, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("c,o,size,n", [(37, 13, 41, 3), (8, 8, 8, 2), (64, 70, 9, 1),
-                                        (130, 9, 50, 2)])
+@pytest.mark.parametrize("c,o,size,n", [(37, 13, 41, 4), (8, 8, 8, 5), (64, 70, 9, 1),
+                                        (130, 9, 50, 4), (11, 41, 47, 4)])
 def test_channels_first_pointwise_weight_gradient_kernel(isa, c, o, size, n, rng,
                                                          monkeypatch):
-    """cg_pw_cf_run (float32 NCX 1x1 weight gradients): channels that fill no whole
-    block, output tiles of any height, positions past the last 8 and past a chunk
-    (several chunks a sample), against the reference and the correlation path it
-    replaced, on every build, for 1 and 2 threads (bitwise equal)."""
+    """cg_pw_run (float32 NCX 1x1 weight gradients; either operand as the vector side):
+    channels that fill no whole block, broadcast tiles of any height, positions past the
+    last 8, several chunks and position ranges a sample (one sample: still several
+    ranges); against the reference and the correlation path it replaced, on every
+    build, 1 and 3 threads bitwise equal."""
     monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
     case = _geometry(2, c=c, o=o, size=size, k=1, pb=0, pe=0, n=n)
     x, w, dy = make_arrays(case, rng, np.float32, False)
     kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
     want = reference_results(case, x, w, dy)[1]
-    pw, real = [], native._pointwise_wgrad_cf
-    monkeypatch.setattr(native, "_pointwise_wgrad_cf", lambda *a: pw.append(1) or real(*a))
+    pw, real = [], native._pointwise_wgrad
+    monkeypatch.setattr(native, "_pointwise_wgrad", lambda *a: pw.append(1) or real(*a))
     got = []
-    for new, threads in ((True, 1), (True, 2), (False, 2)):
-        monkeypatch.setattr(native, "PW_CHANNELS_FIRST", new)
+    for new, threads in ((True, 1), (True, 3), (False, 2)):
+        monkeypatch.setattr(native, "POINTWISE_KERNEL", new)
         with convgrad.config(algo="native", isa=isa, threads=threads):
             got.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
         assert_close(got[-1], want, np.float32)

@@ -75,8 +75,10 @@ CORR_WEIGHT_BYTES = 256 * 2**10
 CORR_L1_WEIGHT_BYTES = 0        # (measured no gain yet; see docs/kernels.md)
 # buffered data gradients compute all w phases of a line in one item (corr_plan)
 MERGE_W_PHASES = True
-# channels-first float32 pointwise weight gradients take cg_pw_cf_run
-PW_CHANNELS_FIRST = True
+# float32 pointwise weight gradients take cg_pw_run (_pointwise_wgrad), cut into at
+# least this many position ranges
+POINTWISE_KERNEL = True
+POINTWISE_PARTS = 8
 # wgrad: the packed panels of one chunk of positions (x rows, dy rows; swept in
 # L2-sized blocks) take about this much; a chunk has at least / at most this
 # many positions.
@@ -122,9 +124,9 @@ class _Corr(ctypes.Structure):
 
 
 class _Pw(ctypes.Structure):
-    _fields_ = [("x", ctypes.c_void_p), ("dy", ctypes.c_void_p), ("xn", _I64), ("xc", _I64),
-                ("yn", _I64), ("yo", _I64), ("P", _I64), ("C", _I64), ("O", _I64),
-                ("cp", _I64)]
+    _fields_ = [("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("an", _I64), ("ac", _I64),
+                ("bn", _I64), ("bc", _I64), ("A", _I64), ("B", _I64), ("bpad", _I64),
+                ("tasks", ctypes.c_void_p)]
 
 
 class _Wgrad(ctypes.Structure):
@@ -175,8 +177,9 @@ class Engine:
                 ("cg_pack_panels", None, [vp, i64, i64, i64, i64, i64, i64, i64, i64, i64, vp,
                                           i64, i64]),
                 ("cg_permute", None, [vp, vp, i64, vp, vp, vp, i64, i64]),
-                ("cg_pw_cf_nb", i64, []),
-                ("cg_pw_cf_scratch", i64, [vp]),
+                ("cg_pw_nb", i64, []),
+                ("cg_pw_chunk", i64, [vp]),
+                ("cg_pw_scratch", i64, [vp]),
                 ("cg_fma_loop", ctypes.c_float, [i64]),
                 ("cg_store_floats", None, [vp, i64, vp, i64]),
                 ("cg_load_floats", None, [vp, vp, i64, i64]),
@@ -406,13 +409,19 @@ def memory(call) -> dict[str, int]:
                                            for d in data_ops):
         # channels-first 1x1 calls (_transposed_pointwise): a sample's panels per thread
         g, threads = call.geom, _threads(call.geom.flops)
+        if call.op == "wgrad" and all(d.dtype == np.float32 for d in data_ops):
+            # _pointwise_wgrad: a chunk's panels per thread (cg_pw_scratch: at most 192
+            # KiB or 64 positions), partial gradients and their sum
+            slots, part = _pointwise_parts(g, threads)
+            parts["a chunk's panels, per thread"] = threads * 4 * (
+                max(48 << 10, 64 * -(-min(g.c, g.o) // 32) * 32) + 64)
+            parts["partial weight gradients"] = (min(g.n + POINTWISE_PARTS, slots) + 1) * part
+            return parts
         p = math.prod(g.in_sizes)
         b = {"fwd": g.c, "dgrad": g.o, "wgrad": g.c}[call.op] * (p + 64)
         parts["a sample's panels, per thread"] = threads * b * 4
         if call.op == "wgrad":
-            # (float32 calls: columns rounded up to the widest block, cg_pw_cf_run)
-            parts["per-sample weight gradients"] = ((min(threads, g.n) + 1) * g.o
-                                                    * -(-g.c // 32) * 32 * 4)
+            parts["per-sample weight gradients"] = (min(threads, g.n) + 1) * g.o * g.c * 4
     return parts
 
 
@@ -972,32 +981,55 @@ def wgrad_plan(geom: ConvGeometry, vl: int, mr_of: tuple, consts: tuple) -> Wgra
     return WgradPlan(nv, chunk, items, split_outputs, min(chunks, len(items)), nblocks)
 
 
-def _pointwise_wgrad_cf(eng: Engine, xs: np.ndarray, dys: np.ndarray, threads: int
-                        ) -> np.ndarray:
-    """The weight gradient (C, O) of a channels-first float32 pointwise problem from
-    per-sample (channels, positions) views: one sample per call of the engine's
-    kernel (engine.cpp: cg_pw_cf_run, x's rows transposed into panels a chunk of
-    positions at a time, dy's rows read in place), samples summed in order (the
-    result never depends on the thread count)."""
-    n, c, p = xs.shape
-    o = dys.shape[1]
-    nb = int(eng.lib.cg_pw_cf_nb())
-    cp = -(-c // nb) * nb
-    prob = _Pw(xs.ctypes.data, dys.ctypes.data, xs.strides[0] // 4, xs.strides[1] // 4,
-               dys.strides[0] // 4, dys.strides[1] // 4, p, c, o, cp)
+def _pointwise_parts(geom: ConvGeometry, threads: int) -> tuple[int, int]:
+    """Partial gradients :func:`_pointwise_wgrad` keeps at once (at least one per thread,
+    more within the partials budget) and the bytes of each (its columns rounded up to
+    the widest block of any build)."""
+    part = 4 * max(geom.c, geom.o) * -(-min(geom.c, geom.o) // 32) * 32
+    return max(threads, _budgets(threads)[3] // part), part
+
+
+def _pointwise_wgrad(eng: Engine, x3: np.ndarray, dy3: np.ndarray, geom: ConvGeometry,
+                     threads: int) -> np.ndarray:
+    """The (C, O) weight gradient of a float32 1x1, stride-1, unpadded, one-group
+    problem on channels-first memory, from (N, P, C) and (N, P, O) views whose
+    positions are contiguous: engine.cpp's cg_pw_run on fixed position ranges (at
+    least POINTWISE_PARTS over all samples, a few chunks each), one partial gradient
+    each, summed in order, so results never depend on the thread count."""
+    n, p, c = x3.shape
+    o = dy3.shape[2]
+    # b, the vector operand, is transposed into panels: the one with fewer channels;
+    # a, the broadcasts, is read in place
+    b_is_x = c <= o
+    a3, b3 = (dy3, x3) if b_is_x else (x3, dy3)
+    A, B = a3.shape[2], b3.shape[2]
+    nb = int(eng.lib.cg_pw_nb())
+    bpad = -(-B // nb) * nb
+    prob = _Pw(a3.ctypes.data, b3.ctypes.data, a3.strides[0] // 4, a3.strides[2] // 4,
+               b3.strides[0] // 4, b3.strides[2] // 4, A, B, bpad, None)
+    kc = int(eng.lib.cg_pw_chunk(ctypes.addressof(prob)))
+    chunks = -(-p // kc)
+    q = max(1, min(-(-POINTWISE_PARTS // n), chunks // 2))
+    tasks = [(s, min(p, kc * (chunks * i // q)), min(p, kc * (chunks * (i + 1) // q)))
+             for s in range(n) for i in range(q)]
+    slots, _ = _pointwise_parts(geom, threads)
+    slots = min(len(tasks), slots)
+    parts = scratch("native-pw-parts", (slots, A, bpad), np.float32, zero=False)
+    table = _i64([(t[0], t[1], t[2], parts[j % slots].ctypes.data)
+                  for j, t in enumerate(tasks)]).reshape(-1, 4)
+    prob.tasks = table.ctypes.data
     pp = ctypes.addressof(prob)
-    k = max(1, min(threads, n))
-    parts = scratch("native-pw-parts", (k, o, cp), np.float32, zero=False)
-    acc = np.zeros((o, cp), np.float32)
-    buf, per_thread = _pool.thread_scratch("native-pack", int(eng.lib.cg_pw_cf_scratch(pp)), k)
-    for n0 in range(0, n, k):
-        m = min(k, n - n0)
-        _pool.run_native(eng.lib, "cg_pw_cf_run",
-                         [(pp, n0 + j, parts[j].ctypes.data) for j in range(m)], m, per_thread)
+    acc = np.zeros((A, bpad), np.float32)
+    buf, per_thread = _pool.thread_scratch("native-pack", int(eng.lib.cg_pw_scratch(pp)),
+                                           min(threads, slots))
+    for r0 in range(0, len(tasks), slots):
+        m = min(slots, len(tasks) - r0)
+        _pool.run_native(eng.lib, "cg_pw_run", [(pp, r0 + j) for j in range(m)],
+                         min(threads, m), per_thread)
         for j in range(m):
             acc += parts[j]
-    del prob, buf
-    return acc[:, :c].T
+    del prob, buf, table
+    return acc[:, :B].T if b_is_x else acc[:, :B]
 
 
 def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
@@ -1010,8 +1042,9 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     threads = _threads(geom.flops)
     x, dy = (_stationary_input(a, geom, "wgrad", eng.vl) for a in (x, dy))
     cf = _channels_first_pointwise(geom, x, dy)
-    if cf is not None and x.dtype == dy.dtype == np.float32 and PW_CHANNELS_FIRST:
-        return _pointwise_wgrad_cf(eng, *cf, threads).reshape(result.shape)
+    if cf is not None and x.dtype == dy.dtype == np.float32 and POINTWISE_KERNEL:
+        return _pointwise_wgrad(eng, cf[0].swapaxes(1, 2), cf[1].swapaxes(1, 2), geom,
+                                threads).reshape(result.shape)
     if cf is not None:
         # dw^T (O, C) = sum over n, in order, of dy[n] (O, P) @ x[n]^T (P, C): a block
         # of one sample per thread at a time, so the sums never depend on threads
