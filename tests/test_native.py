@@ -620,6 +620,45 @@ def test_channels_first_pointwise_weight_gradient_kernel(isa, c, o, size, n, rng
     np.testing.assert_array_equal(got[0], got[1])
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", ["long-lines-2d", "long-lines-strided", "taps-far-apart",
+                                  "short-lines-3d", "dilated-strided", "all-padding-taps",
+                                  "few-channels-folded", "few-channels-folded-1d",
+                                  "weight-stationary", "lines-grouped-3d", "long-1d"])
+@pytest.mark.parametrize("split", [False, True], ids=["partials", "split-outputs"])
+def test_channels_first_weight_gradient_kernel(isa, name, split, rng, monkeypatch):
+    """cg_cfw_run (float32 channels-first weight gradients of one group: x read in
+    place, dy transposed into panels): every rank, stride, dilation and padding (taps
+    that read only padding, at either end), few input channels, several panels a
+    sample, lines past one call's sum (CFW_SUM), partial gradients or split output
+    blocks; against the reference and the kernel it replaced, on every build, 1 and
+    3 threads bitwise equal."""
+    case = dict(STRUCTURAL_CF.get(name) or STRUCTURAL[name])
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    monkeypatch.setattr(native, "PARTIALS_BYTES", 0 if split else 2**40)
+    monkeypatch.setattr(native, "CFW_PANEL_FLOATS", 1)          # one line a panel
+    x, w, dy = make_arrays(case, rng, np.float32, False)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    want = reference_results(case, x, w, dy)[1]
+    ran, real = [], native._cf_wgrad
+    monkeypatch.setattr(native, "_cf_wgrad", lambda *a: ran.append(1) or real(*a))
+    got = []
+    for new, threads in ((True, 1), (True, 3), (False, 2)):
+        monkeypatch.setattr(native, "CF_WGRAD", new)
+        with convgrad.config(algo="native", isa=isa, threads=threads):
+            got.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
+        assert_close(got[-1], want, np.float32)
+    assert len(ran) == 2
+    np.testing.assert_array_equal(got[0], got[1])
+
+
+# channels-first weight gradients: one group, and a 1-D line longer than one call's sum
+STRUCTURAL_CF = {
+    "long-1d": _geometry(1, c=10, o=20, size=1500, k=3, d=4, pb=5, pe=2, n=2),
+    "lines-grouped-3d": _geometry(3, c=9, o=20, size=17, k=3, d=2, pb=2, pe=1),
+}
+
+
 def test_a_library_whose_files_were_built_for_different_isas_is_refused():
     """Every source file reports its build (CG_ISA_OF); the loader refuses a library
     linked from objects of different builds (a parallel setuptools build once linked
@@ -636,11 +675,10 @@ def test_a_library_whose_files_were_built_for_different_isas_is_refused():
             for unit, isa in isas.items():
                 setattr(self, f"cg_isa_{unit}", Fn(isa))
 
-    native.check_units(Lib(engine="avx2", grouped="avx2", winograd="avx2", pool="avx2"), "avx2",
-                       "x.so")
+    native.check_units(Lib(**{u: "avx2" for u in native.UNITS}), "avx2", "x.so")
     with pytest.raises(ImportError, match="its grouped code was compiled for 'generic'"):
-        native.check_units(Lib(engine="avx2", grouped="generic", winograd="avx2", pool="avx2"),
-                           "avx2", "x.so")
+        mixed = {u: "generic" if u == "grouped" else "avx2" for u in native.UNITS}
+        native.check_units(Lib(**mixed), "avx2", "x.so")
     with pytest.raises(ImportError, match="no winograd code"):
         native.check_units(Lib(engine="avx2", grouped="avx2"), "avx2", "x.so")
     eng = native.engine()

@@ -75,6 +75,10 @@ CORR_WEIGHT_BYTES = 256 * 2**10
 CORR_L1_WEIGHT_BYTES = 0        # (measured no gain yet; see docs/kernels.md)
 # buffered data gradients compute all w phases of a line in one item (corr_plan)
 MERGE_W_PHASES = True
+# float32 channels-first weight gradients of one group take cg_cfw_run (_cf_wgrad);
+# its dy panel: at most this many floats
+CF_WGRAD = True
+CFW_PANEL_FLOATS = 32 << 10
 # float32 pointwise weight gradients take cg_pw_run (_pointwise_wgrad), cut into at
 # least this many position ranges
 POINTWISE_KERNEL = True
@@ -129,6 +133,13 @@ class _Pw(ctypes.Structure):
                 ("tasks", ctypes.c_void_p)]
 
 
+class _Cfw(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_void_p), ("dy", ctypes.c_void_p), ("xs", _I64 * 4),
+                ("ys", _I64 * 4), ("N", _I64), ("C", _I64), ("O", _I64), ("L", _I64 * 3),
+                ("M", _I64 * 3), ("K", _I64 * 3), ("s", _I64 * 3), ("d", _I64 * 3),
+                ("pb", _I64 * 3), ("nv", _I64), ("lines", _I64), ("tasks", ctypes.c_void_p)]
+
+
 class _Wgrad(ctypes.Structure):
     _fields_ = [("x", _Tensor), ("dy", _Tensor), ("N", _I64), ("L", _I64 * 3), ("C", _I64),
                 ("M", _I64 * 3), ("O", _I64), ("groups", _I64), ("K", _I64 * 3),
@@ -138,7 +149,7 @@ class _Wgrad(ctypes.Structure):
 
 
 # The engine's source files (native/*.cpp), each reporting the build it was compiled for.
-UNITS = ("engine", "grouped", "winograd", "pool")
+UNITS = ("engine", "grouped", "winograd", "pool", "cfwgrad")
 
 
 def check_units(lib, built: str, path: str) -> None:
@@ -178,6 +189,7 @@ class Engine:
                                           i64, i64]),
                 ("cg_permute", None, [vp, vp, i64, vp, vp, vp, i64, i64]),
                 ("cg_pw_nb", i64, []),
+                ("cg_cfw_scratch", i64, [vp]),
                 ("cg_pw_chunk", i64, [vp]),
                 ("cg_pw_scratch", i64, [vp]),
                 ("cg_fma_loop", ctypes.c_float, [i64]),
@@ -405,6 +417,16 @@ def memory(call) -> dict[str, int]:
                 parts[f"{role} in float32 channels last"] = math.prod(d.shape) * 4
     parts.update(workspace(call.geom, call.op))
     data_ops = {"fwd": (call.a,), "dgrad": (call.b,), "wgrad": (call.a, call.b)}[call.op]
+    g = call.geom
+    if (call.op == "wgrad" and CF_WGRAD and g.groups == 1 and not _plain_pointwise(g)
+            and all(d.dtype == np.float32 and "nxc" not in d.layouts and "ncx" in d.layouts
+                    for d in data_ops)):
+        # _cf_wgrad: a dy panel per thread (at least one output line), no conversions
+        eng = engine() if available() is None else None
+        vl = eng.vl if eng else 8
+        nb = _nv_for(g.o, vl) * vl
+        panel = max(CFW_PANEL_FLOATS, _pad3(g.out_sizes, 1)[2] * -(-g.o // nb) * nb) + 64
+        parts["per-thread scratch"] = _threads(g.flops) * panel * 4
     if _plain_pointwise(call.geom) and all("nxc" not in d.layouts and "ncx" in d.layouts
                                            for d in data_ops):
         # channels-first 1x1 calls (_transposed_pointwise): a sample's panels per thread
@@ -1032,6 +1054,64 @@ def _pointwise_wgrad(eng: Engine, x3: np.ndarray, dy3: np.ndarray, geom: ConvGeo
     return acc[:, :B].T if b_is_x else acc[:, :B]
 
 
+def _channels_first(a: np.ndarray) -> bool:
+    """An (N, *S, C) float32 view of channels-first memory: w contiguous, channels not."""
+    return (a.dtype == np.float32 and a.ndim >= 3 and a.strides[-2] == 4
+            and a.strides[-1] != 4 and a.shape[-2] > 1)
+
+
+def _cf_wgrad(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, dw: np.ndarray,
+              threads: int) -> None:
+    """The weight gradient of a one-group problem on float32 channels-first memory
+    into ``dw`` (*K, C, O), by engine.cpp's neighbour cfwgrad.cpp (cg_cfw_run): x read
+    in place as the tile's broadcasts, dy transposed into panels.  Results never depend
+    on the thread count: tasks are either output-block ranges that sum every line in
+    order, or a fixed partition of the lines (WGRAD_CHUNKS), one partial each, summed
+    in order."""
+    r = geom.spatial_rank
+    k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
+                      _pad3(geom.pads_begin, 0))
+    l3, m3 = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)
+
+    def strides4(a):           # n, c, d, h (elements; leading spatial axes of size 1: 0)
+        st = [v // 4 for v in a.strides]
+        return (st[0], st[-1], *([0] * (3 - r) + st[1:r + 1])[:2])
+    nv = _nv_for(geom.o, eng.vl)
+    nb = nv * eng.vl
+    nob = -(-geom.o // nb)
+    lines = geom.n * m3[0] * m3[1]
+    panel_lines = max(1, CFW_PANEL_FLOATS // (m3[2] * nob * nb))
+    T = math.prod(geom.kernel)
+    dw_bytes = 4 * T * geom.c * geom.o
+    chunks = max(1, min(lines, WGRAD_CHUNKS))
+    budget = _budgets(threads)[3]
+    parts = None
+    if dw_bytes * chunks > budget and nob >= 2:
+        # output blocks split: every task sums all lines for its blocks (the same sums
+        # however the blocks are grouped into tasks)
+        tasks = [(0, lines, lo, hi, dw.ctypes.data, 0)
+                 for lo, hi in _pool.split(nob, threads)]
+    elif chunks == 1:
+        tasks = [(0, lines, 0, nob, dw.ctypes.data, 0)]
+    else:
+        parts = scratch("native-partials", (chunks, dw.size), np.float32, zero=True)
+        tasks = [(lo, hi, 0, nob, parts[i].ctypes.data, 0)
+                 for i, (lo, hi) in enumerate(_pool.split(lines, chunks))]
+    table = _i64(tasks).reshape(-1, 6)
+    prob = _Cfw(x.ctypes.data, dy.ctypes.data, (_I64 * 4)(*strides4(x)),
+                (_I64 * 4)(*strides4(dy)), geom.n, geom.c, geom.o, (_I64 * 3)(*l3),
+                (_I64 * 3)(*m3), (_I64 * 3)(*k3), (_I64 * 3)(*s3), (_I64 * 3)(*d3),
+                (_I64 * 3)(*p3), nv, panel_lines, table.ctypes.data)
+    pp = ctypes.addressof(prob)
+    n = min(threads, len(tasks))
+    buf, per_thread = _pool.thread_scratch("native-pack", int(eng.lib.cg_cfw_scratch(pp)), n)
+    _pool.run_native(eng.lib, "cg_cfw_run", [(pp, k) for k in range(len(tasks))], n,
+                     per_thread)
+    if parts is not None:
+        np.add.reduce(parts, axis=0, out=dw.reshape(-1))
+    del prob, buf, table
+
+
 def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32."""
     eng = engine()
@@ -1040,6 +1120,10 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     if result.size == 0 or x.size == 0 or dy.size == 0:
         return result
     threads = _threads(geom.flops)
+    if (CF_WGRAD and G == 1 and _channels_first(x) and _channels_first(dy)
+            and not (_plain_pointwise(geom) and POINTWISE_KERNEL)):
+        _cf_wgrad(eng, x, dy, geom, result, threads)
+        return result
     x, dy = (_stationary_input(a, geom, "wgrad", eng.vl) for a in (x, dy))
     cf = _channels_first_pointwise(geom, x, dy)
     if cf is not None and x.dtype == dy.dtype == np.float32 and POINTWISE_KERNEL:

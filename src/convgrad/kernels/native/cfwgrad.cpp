@@ -1,0 +1,150 @@
+// The weight gradient of channels-first callers, on their memory as it is.
+//
+// dw[t][c][o] = sum over the output positions p where tap t reads the input of
+// x[c][p*s + t*d - pb] * dy[o][p], for float32 NCX memory (each line's positions
+// contiguous), one group.  Per group of output lines (consecutive h of one (n, d)),
+// dy's rows are transposed (8 x 8) into an [o block][line][w][NB] panel that the GEMM
+// tile (tiles.h) streams from L2 as its vector operand; the broadcasts are x's channel
+// rows read in place, MR channels x the group's lines x the tap's valid positions
+// (stride s: every s-th float), in L1 while every block of o passes.  Taps never read
+// padding: each sums only the lines and positions where it reads the input (D17).
+//
+// The general kernel (engine.cpp: cg_wgrad_run) converts channels-first lines into
+// channels-last scratch first and reads x's converted rows as its broadcasts; the 1x1
+// case of this layout (engine.cpp: cg_pw_run) showed that x's rows in place, runs of
+// consecutive floats, feed the tile at ~95% of one core's FMA peak.
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common.h"
+#include "simd.h"
+#include "tiles.h"
+
+using namespace cg;
+
+CG_ISA_OF(cfwgrad)
+
+namespace {
+constexpr int64_t CFW_SUM = 512;
+}  // namespace
+
+extern "C" {
+
+// x (N, C, D, H, W) and dy (N, O, Md, Mh, Mw) float32 with unit w strides, their other
+// strides in floats; dw (*K, C, O) or a partial of it.  Task k (tasks[6k .. 6k + 5]):
+// output lines [l0, l1) (numbered (n * Md + d) * Mh + h), output blocks [b0, b1),
+// address of the dw it adds into (zeroed by the caller), unused.
+struct CfwProblem {
+    const float* x;
+    const float* dy;
+    int64_t xs[4];             // n, c, d, h
+    int64_t ys[4];             // n, o, d, h
+    int64_t N, C, O;
+    int64_t L[3], M[3], K[3], s[3], d[3], pb[3];
+    int64_t nv;                // NB = nv * VL output channels per block
+    int64_t lines;             // output lines of a panel, at most
+    const int64_t* tasks;
+};
+
+// Floats of scratch per thread: one group's dy panel.
+int64_t cg_cfw_scratch(const CfwProblem* P) {
+    const int64_t NB = P->nv * VL, nob = (P->O + NB - 1) / NB;
+    return P->lines * P->M[2] * nob * NB + 64;
+}
+
+int64_t cg_cfw_mr(int64_t nv) { return nv >= 1 && nv <= 4 ? WG_MR[nv] : 0; }
+
+void cg_cfw_run(const CfwProblem* P, int64_t k, float* scratch) {
+    const int64_t* task = P->tasks + 6 * k;
+    const int64_t b0 = task[2], b1 = task[3];
+    float* dw = (float*)(intptr_t)task[4];
+    const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
+    const int64_t C = P->C, O = P->O, Mw = P->M[2];
+    const int64_t nct = (C + mr - 1) / mr;
+    const int64_t bw = Mw * NB;                          // a line of the panel
+    const gemm_fn* fns = gemm_table(nv);
+    const float* ar[64];
+    float* cr[64];
+    for (int64_t l = task[0]; l < task[1];) {
+        const int64_t n = l / (P->M[0] * P->M[1]);
+        const int64_t od = (l / P->M[1]) % P->M[0];
+        const int64_t oh0 = l % P->M[1];
+        const int64_t nl = std::min({P->lines, task[1] - l, P->M[1] - oh0});
+        const int64_t bst = nl * bw;                     // an output block of the panel
+        // dy rows of the lines, blocks [b0, b1) -> panel[b - b0][j][w][NB]
+        for (int64_t b = b0; b < b1; b++) {
+            for (int64_t j = 0; j < nl; j++) {
+                const float* src = P->dy + n * P->ys[0] + od * P->ys[2] + (oh0 + j) * P->ys[3];
+                float* o = scratch + (b - b0) * bst + j * bw;
+                const int64_t w8 = Mw / 8 * 8;
+                for (int64_t j0 = 0; j0 < NB; j0 += 8) {
+                    const int64_t c0 = b * NB + j0, jn = std::min<int64_t>(8, NB - j0);
+                    const float* s = src + c0 * P->ys[1];
+                    if (jn == 8 && c0 + 8 <= O) {
+                        for (int64_t w = 0; w < w8; w += 8)
+                            transpose8(s + w, P->ys[1], o + w * NB + j0, NB);
+                        for (int64_t w = w8; w < Mw; w++)
+                            for (int64_t i = 0; i < 8; i++) o[w * NB + j0 + i] = s[i * P->ys[1] + w];
+                    } else {
+                        // (the last channels, or a block of 4 or 12: the portable build)
+                        for (int64_t w = 0; w < Mw; w++)
+                            for (int64_t i = 0; i < jn; i++)
+                                o[w * NB + j0 + i] = c0 + i < O ? s[i * P->ys[1] + w] : 0.0f;
+                    }
+                }
+            }
+        }
+        for (int64_t kd = 0; kd < P->K[0]; kd++) {
+            const int64_t dd = od * P->s[0] + kd * P->d[0] - P->pb[0];
+            if (dd < 0 || dd >= P->L[0]) continue;
+            for (int64_t kh = 0; kh < P->K[1]; kh++) {
+                // the group's lines j whose x row hh(j) is inside the input
+                const int64_t h0 = oh0 * P->s[1] + kh * P->d[1] - P->pb[1];
+                int64_t ja, jb;
+                valid_range(nl, P->s[1], h0, P->L[1], ja, jb);
+                if (jb <= ja) continue;
+                for (int64_t kw = 0; kw < P->K[2]; kw++) {
+                    const int64_t off = kw * P->d[2] - P->pb[2];
+                    int64_t a, e;
+                    valid_range(Mw, P->s[2], off, P->L[2], a, e);
+                    if (e <= a) continue;
+                    const int64_t t = (kd * P->K[1] + kh) * P->K[2] + kw;
+                    const float* xa = P->x + n * P->xs[0] + dd * P->xs[2] +
+                                      (h0 + ja * P->s[1]) * P->xs[3] + a * P->s[2] + off;
+                    const float* Bt = scratch + ja * bw + a * NB;
+                    // calls of at most CFW_SUM positions (lines x positions): a sum's
+                    // float32 rounding grows with its length (the general kernel's
+                    // chunks are at most 512 positions too)
+                    const int64_t np = e - a, nj = jb - ja;
+                    const int64_t lstep = np >= CFW_SUM ? 1 : std::max<int64_t>(1, CFW_SUM / np);
+                    const int64_t pstep = np >= CFW_SUM ? CFW_SUM : np;
+                    for (int64_t ct = 0; ct < nct; ct++) {
+                        const int64_t c0 = tile_start(ct, C, nct);
+                        const int m = (int)(tile_start(ct + 1, C, nct) - c0);
+                        const int bmax = gemm_blocks(m, nv);
+                        for (int64_t b = b0; b < b1;) {
+                            const int bk = (int)std::min<int64_t>(bmax, b1 - b);
+                            const int nvalid = (int)std::min<int64_t>(bk * NB, O - b * NB);
+                            for (int i = 0; i < m; i++) cr[i] = dw + (t * C + c0 + i) * O + b * NB;
+                            for (int64_t j = 0; j < nj; j += lstep)
+                                for (int64_t p = 0; p < np; p += pstep) {
+                                    const float* xj = xa + j * P->s[1] * P->xs[3] + p * P->s[2];
+                                    for (int i = 0; i < m; i++) ar[i] = xj + (c0 + i) * P->xs[1];
+                                    fns[(m - 1) * BMAX + (bk - 1)](
+                                        std::min(pstep, np - p), std::min(lstep, nj - j), ar,
+                                        P->s[2], P->s[1] * P->xs[3],
+                                        Bt + (b - b0) * bst + j * bw + p * NB, bst, bw, cr,
+                                        nvalid);
+                                }
+                            b += bk;
+                        }
+                    }
+                }
+            }
+        }
+        l += nl;
+    }
+}
+
+}  // extern "C"
