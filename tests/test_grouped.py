@@ -204,6 +204,40 @@ def test_depthwise_data_gradient_streams_into_recycled_results(isa, stride, dtyp
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", ["spec-5to2-2d", "spec-5to2-3d", "resnext-4to4x32-s2",
+                                  "g7-4to3"])
+def test_grouped_results_stream_into_recycled_memory(isa, name, rng, monkeypatch):
+    """Forward and data results of few-channel groups (the spec op, ResNeXt) whose memory
+    comes back from the pool go out a line piece at a time with streaming stores (line
+    pieces of any alignment: the ends plainly), 1 and 2 threads; a fresh result is
+    written tile by tile; the values are the same either way (g7-4to3's 21 lanes fill
+    no whole vectors: always tile stores)."""
+    from convgrad.kernels import _results
+    monkeypatch.setattr(_results, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(_results, "MIN_BYTES", 0)
+    decided = []
+    real = grouped._streams_lines
+    monkeypatch.setattr(grouped, "_streams_lines",
+                        lambda out: decided.append(real(out)) or decided[-1])
+    c = CASES[name]
+    x, w, dy = make_arrays(c, rng, np.float32, True)
+    args = dict(strides=c["strides"], dilations=c["dilations"], pads_begin=c["pads_begin"],
+                groups=c["groups"])
+    x64, w64, dy64 = (np.asarray(a, np.float64) for a in (x, w, dy))
+    want_y = naive.forward(x64, w64, c["out_sizes"], **args)
+    want_dx = naive.dgrad(w64, dy64, c["in_sizes"], **args)
+    _results.clear()
+    for threads in (1, 2, 2):
+        with convgrad.config(algo="grouped", isa=isa, threads=threads):
+            y = convgrad.conv_forward(x, w, **kwargs(c))
+            dx = convgrad.conv_data_grad(w, dy, x.shape, **kwargs(c))
+        assert_close(y, want_y, np.float32)
+        assert_close(dx, want_dx, np.float32)
+        del y, dx
+    assert len(decided) == 6 and not decided[0] and all(decided[2:])
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_streamed_gradients_never_multiply_padding(isa):
     """The streaming depthwise kernels' edge pixels skip the taps that read padding: a
     NaN in dy where tap 0 reads x[-1] stays out of that tap's gradient, a NaN weight out

@@ -69,7 +69,8 @@ class _Problem(ctypes.Structure):
                 ("wstart", _VP), ("perm_idx", _VP), ("gidx", _VP),
                 ("is_", _I64 * 3), ("os", _I64 * 3), ("P", _I64), ("R", _I64),
                 ("classes", _VP), ("wph", _VP), ("grp", _VP), ("seg", _VP), ("segk", _VP),
-                ("W", _VP), ("nchunks", _I64), ("chunks", _VP), ("cache_lines", _I64)]
+                ("W", _VP), ("nchunks", _I64), ("chunks", _VP), ("cache_lines", _I64),
+                ("stream", _I64)]
 
 
 class _DwWgrad(ctypes.Structure):
@@ -454,7 +455,17 @@ def _tables(pl: Plan, src: np.ndarray, dy: np.ndarray | None, out: np.ndarray | 
                     pl.classes.ctypes.data, pl.wph.ctypes.data, pl.grp.ctypes.data,
                     pl.seg.ctypes.data, pl.segk.ctypes.data,
                     weights.ctypes.data if weights is not None else None,
-                    len(pl.chunks) // 4, pl.chunks.ctypes.data, pl.cache_lines)
+                    len(pl.chunks) // 4, pl.chunks.ctypes.data, pl.cache_lines,
+                    int(out is not None and _streams_lines(out)))
+
+
+def _streams_lines(out: np.ndarray) -> bool:
+    """Whether the grouped corr may write ``out`` a line piece at a time with streaming
+    stores (grouped.cpp: Runner::streams, which also wants float32 channels-last pixels of
+    whole lane vectors): a large result in recycled memory (its pages mapped; streaming
+    stores past fresh pages measured slower).  Unaligned ends are stored plainly, so no
+    stride needs to be a multiple of 64 bytes (the spec layer's pixels are 32)."""
+    return out.nbytes >= _results.STREAM_MIN_BYTES and _results.recycled(out)
 
 
 def _plan_for(geom: ConvGeometry, op: str, src: np.ndarray, threads: int) -> Plan:

@@ -302,6 +302,9 @@ struct GroupedProblem {
     int64_t nchunks;           // pieces of the output w range
     const int64_t* chunks;     // per chunk: u0, u1 (output w), i0, i1 (source w window)
     int64_t cache_lines;       // packed source lines kept per thread
+    int64_t stream;            // corr: a float32 channels-last result in recycled memory
+                               // (_results.streams): line pieces go out whole at the end
+                               // of their item, with streaming stores
 };
 
 int64_t cg_grouped_rmax(void) { return GR_RMAX; }
@@ -495,6 +498,15 @@ void store_pixels(char* dst, int64_t dtype, int64_t pstride, int64_t cstride, co
     }
 }
 
+// n floats from src to dst: the whole vector-aligned middle with streaming stores
+// (cache lines written whole, never read first), the ends with plain ones.
+void stream_run(float* dst, const float* src, int64_t n) {
+    int64_t i = 0;
+    while (i < n && ((uintptr_t)(dst + i) & (VL * 4 - 1))) dst[i] = src[i], i++;
+    for (; i + VL <= n; i += VL) stream_store(dst + i, load(src + i));
+    for (; i < n; i++) dst[i] = src[i];
+}
+
 // The state of one run over a range of items.
 struct Runner {
     const GroupedProblem* P;
@@ -536,7 +548,7 @@ struct Runner {
         s += outw * LP;
         dytmp = s;
         pix = P->packed ? P->ps : P->src.stride[3];
-        tile_store = !wgrad && P->ostride[4] == 1 && !(cg_dbg & 8);
+        tile_store = !wgrad && P->ostride[4] == 1 && !(cg_dbg & 8) && !streams();
         pf_packed = P->packed && P->src.stride[3] == 1 && P->src.stride[4] > 1 && !(cg_dbg & 16);
         L.nlv = P->nlv;
         L.J = P->J;
@@ -546,6 +558,13 @@ struct Runner {
         L.ws = P->J * LP;
         L.wstart = P->wstart;
         L.perm = P->perm_idx;
+    }
+
+    // Whether results go out a line piece at a time with streaming stores: float32,
+    // channels last, pixels of whole lanes back to back (one run per piece).
+    bool streams() const {
+        return !wgrad && P->stream && P->out_dtype == F32 && P->ostride[4] == 1 &&
+               P->ostride[3] == P->lanes && P->nlv * VL == P->lanes && !(cg_dbg & 32);
     }
 
     // The source row (n, d, h) at source w index i0 of the chunk's window.
@@ -796,7 +815,9 @@ struct Runner {
                     }
                 }
             }
-            if (!wgrad && !tile_store && !(cg_dbg & 2))
+            if (!wgrad && streams() && !(cg_dbg & 2))
+                stream_run((float*)line_dst, obuf, (u1 - u0) * LP);
+            else if (!wgrad && !tile_store && !(cg_dbg & 2))
                 store_pixels(line_dst, P->out_dtype, P->ostride[3], P->ostride[4], obuf, u1 - u0,
                              P->lanes, LP);
         }
@@ -817,6 +838,7 @@ int64_t cg_grouped_scratch(const GroupedProblem* P, int64_t wgrad) {
 void cg_grouped_corr_run(const GroupedProblem* P, int64_t lo, int64_t hi, float* scratch) {
     Runner r(P, false, scratch);
     r.run(lo, hi, nullptr);
+    if (r.streams()) stream_fence();
 }
 
 void cg_grouped_wgrad_run(const GroupedProblem* P, int64_t lo, int64_t hi, float* partial,
