@@ -78,7 +78,7 @@ def test_callers_on_several_python_threads_each_get_their_tasks_done():
 
     def caller(k):
         try:
-            for r in range(30):
+            for _ in range(30):
                 counts, where, (base, per), buf = _probe(lib, 16 + k, 2, spin=500,
                                                          scratch_floats=64)
                 assert (counts == 1).all()

@@ -19,7 +19,6 @@ from convgrad.dtypes import bfloat16
 from convgrad.geometry import make_geometry
 from convgrad.kernels import native, winograd
 
-import naive
 from cases import caller_arrays, reference_results
 from conftest import assert_close
 
@@ -404,7 +403,9 @@ def test_channels_first_calls_take_winograd_like_channels_last_ones(rng):
         x = rng.standard_normal(geom.x_shape).astype(np.float32)
         dy = rng.standard_normal(geom.y_shape).astype(np.float32)
         w = rng.standard_normal(geom.w_shape).astype(np.float32)
-        nxc = lambda a: np.moveaxis(np.ascontiguousarray(np.moveaxis(a, 1, -1)), -1, 1)
+
+        def nxc(a):
+            return np.moveaxis(np.ascontiguousarray(np.moveaxis(a, 1, -1)), -1, 1)
         assert all(winograd.preferred(geom, kind) for kind in kernels.OPS)
         for kind, a, b in (("fwd", x, w), ("wgrad", x, dy), ("dgrad", w, dy)):
             ncx_call = ops.describe(kind, a, b, geom, np.float32)

@@ -121,7 +121,7 @@ def _lib(eng: native.Engine):
 
 def _operands(geom: ConvGeometry, op: str) -> tuple[int, int, int, int]:
     """(lanes, source channels, A, B): lane l meets source channels (l // A) * B + j, j < B."""
-    G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
+    cg, og = geom.c // geom.groups, geom.o // geom.groups
     if op == "dgrad":
         return geom.c, geom.o, cg, og
     return geom.o, geom.c, og, cg
@@ -214,7 +214,7 @@ def _taps(geom: ConvGeometry, op: str):
 
 def _valid_range(U: int, step: int, off: int, L: int) -> tuple[int, int]:
     """q in [0, U) with 0 <= q*step + off < L."""
-    lo = 0 if off >= 0 else -(-(-off) // step)
+    lo = 0 if off >= 0 else -(off // step)               # ceil(-off / step)
     hi = 0 if L - 1 - off < 0 else (L - 1 - off) // step + 1
     lo, hi = max(0, lo), min(U, hi)
     return lo, max(lo, hi)
@@ -470,7 +470,7 @@ def _streams_lines(out: np.ndarray) -> bool:
 
 def _plan_for(geom: ConvGeometry, op: str, src: np.ndarray, threads: int) -> Plan:
     eng = native.engine()
-    lib = _lib(eng)
+    _lib(eng)                                           # (declares the entry points)
     return plan(geom, op, eng.vl, *_limits(eng), _source_direct(src), threads,
                 _budget(threads))
 
@@ -485,7 +485,7 @@ def _limits(eng: native.Engine | None) -> tuple[int, int, int]:
 
 def _corr_weights(pl: Plan, w: np.ndarray, geom: ConvGeometry, op: str, vl: int) -> np.ndarray:
     """Weights [entry][j][lane] float32 (lanes padded with zeros)."""
-    G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
+    cg, og = geom.c // geom.groups, geom.o // geom.groups
     w3 = native._weights_2d(w)[pl.entries]             # (E, cg, O)
     out = np.zeros((len(pl.entries), pl.J, pl.nlv * vl), np.float32)
     if op == "fwd":

@@ -1137,7 +1137,8 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
         parts = np.empty((min(threads, geom.n), geom.o, geom.c), np.float32)
         for n0 in range(0, geom.n, len(parts)):
             k = min(len(parts), geom.n - n0)
-            _transposed_pointwise(eng, lambda j: dys[n0 + j], lambda j: xs[n0 + j].T,
+            _transposed_pointwise(eng, lambda j, n0=n0: dys[n0 + j],
+                                  lambda j, n0=n0: xs[n0 + j].T,
                                   parts[:k], threads)
             for j in range(k):
                 acc += parts[j]
