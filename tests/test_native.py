@@ -626,17 +626,15 @@ def test_channels_first_pointwise_weight_gradient_kernel(isa, c, o, size, n, rng
                                   "short-lines-3d", "dilated-strided", "all-padding-taps",
                                   "few-channels-folded", "few-channels-folded-1d",
                                   "weight-stationary", "lines-grouped-3d", "long-1d"])
-@pytest.mark.parametrize("split", [False, True], ids=["partials", "split-outputs"])
-def test_channels_first_weight_gradient_kernel(isa, name, split, rng, monkeypatch):
+def test_channels_first_weight_gradient_kernel(isa, name, rng, monkeypatch):
     """cg_cfw_run (float32 channels-first weight gradients of one group: x read in
     place, dy transposed into panels): every rank, stride, dilation and padding (taps
     that read only padding, at either end), few input channels, several panels a
-    sample, lines past one call's sum (CFW_SUM), partial gradients or split output
-    blocks; against the reference and the kernel it replaced, on every build, 1 and
-    3 threads bitwise equal."""
+    sample, lines past one call's sum (CFW_SUM); against the reference and the kernel
+    it replaced, on every build, 1 and 3 threads bitwise equal."""
     case = dict(STRUCTURAL_CF.get(name) or STRUCTURAL[name])
     monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
-    monkeypatch.setattr(native, "PARTIALS_BYTES", 0 if split else 2**40)
+    monkeypatch.setattr(native, "PARTIALS_BYTES", 2**40)
     monkeypatch.setattr(native, "CFW_PANEL_FLOATS", 1)          # one line a panel
     x, w, dy = make_arrays(case, rng, np.float32, False)
     kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
@@ -651,6 +649,47 @@ def test_channels_first_weight_gradient_kernel(isa, name, split, rng, monkeypatc
         assert_close(got[-1], want, np.float32)
     assert len(ran) == 2
     np.testing.assert_array_equal(got[0], got[1])
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("geom", [
+    _geometry(2, c=9, o=12, size=11, k=3, s=2, pb=2, pe=0, n=2),
+    _geometry(2, c=16, o=10, size=8, k=1, pb=0, pe=0, n=2),       # pointwise: cg_pw_run
+    _geometry(1, c=8, o=16, size=30, k=5, d=3, pb=7, pe=1, n=1),
+], ids=["2d-s2", "1x1", "1d-dilated"])
+def test_channels_first_weight_gradients_never_multiply_padding(isa, geom, rng):
+    """NaN and Inf in x and dy reach exactly the weight-gradient entries the float64
+    reference gives them (D17: taps that read padding are not applied), on the kernels of
+    channels-first float32 calls (cg_cfw_run, cg_pw_run)."""
+    x, w, dy = make_arrays(geom, rng, np.float32, False)
+    x, dy = x.copy(), dy.copy()
+    x.reshape(-1)[rng.choice(x.size, 3, replace=False)] = np.nan
+    dy.reshape(-1)[rng.choice(dy.size, 2, replace=False)] = np.inf
+    kw = {k: geom[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    with convgrad.config(algo="native", isa=isa, threads=2):
+        got = convgrad.conv_weight_grad(x, dy, w.shape, **kw)
+    with convgrad.config(algo="reference"):
+        want = convgrad.conv_weight_grad(x.astype(np.float64), dy.astype(np.float64),
+                                         w.shape, **kw)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    assert np.isnan(want).any() and np.isfinite(want).any()
+
+
+def test_channels_first_weight_gradients_with_large_partials_convert(rng, monkeypatch):
+    """Where the partial gradients of cg_cfw_run's line ranges exceed the budget, the
+    conversion path runs (one output-block range per thread was slow after a pause)."""
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    monkeypatch.setattr(native, "PARTIALS_BYTES", 0)
+    case = STRUCTURAL["long-lines-2d"]
+    x, w, dy = make_arrays(case, rng, np.float32, False)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    ran, real = [], native._cf_wgrad
+    monkeypatch.setattr(native, "_cf_wgrad", lambda *a: ran.append(1) or real(*a))
+    with convgrad.config(algo="native", threads=2):
+        got = convgrad.conv_weight_grad(x, dy, w.shape, **kw)
+    assert_close(got, reference_results(case, x, w, dy)[1], np.float32)
+    assert not ran
 
 
 # channels-first weight gradients: one group, and a 1-D line longer than one call's sum
