@@ -99,6 +99,12 @@ WGRAD_LINE_MIN = 12
 WGRAD_DIRECT_X = True
 # 1x1 stride-1 problems with at least this many samples run as 1-D ones (one line a sample)
 POINTWISE_MIN_SAMPLES = 4
+# ... forward and data gradients only where their lines are shorter than this (one
+# register tile): the work items of a call are ranges of lines, and one line a sample
+# left 8 items for ResNet-50 res2's 1x1 data gradient, the caller waiting on a
+# worker that woke late after the benchmark's pause (its 448 lines of 56: 1.16x
+# faster after the pause, level hot; 28, 14 and 7-pixel lines 1.04-1.07x / level)
+CORR_FLAT_BELOW = 6
 # wgrad: positions are cut into this many chunks with partial weight gradients
 # if they take at most PARTIALS_BYTES, else the output channels are split.
 WGRAD_CHUNKS = 8
@@ -943,7 +949,8 @@ def _corr_into(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray, geom:
         inp = _stationary_input(inp, geom, kind, eng.vl)
     # (decided on the result itself: the flattened views below hide its memory's origin)
     stream = lines is None and _results.streams(out)
-    if lines is None and not (_is_packed(inp) or _is_packed(out)):
+    if (lines is None and not (_is_packed(inp) or _is_packed(out))
+            and geom.in_sizes[-1] < CORR_FLAT_BELOW):
         geom, (inp_f, out_f) = _pointwise(geom, inp, out)
     else:
         inp_f, out_f = inp, out
