@@ -185,6 +185,36 @@ def test_buffered_data_gradients_take_the_w_phases_of_a_line_together(isa, dtype
     np.testing.assert_array_equal(got[True], got[False])
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("geom", [
+    _geometry(2, c=256, o=40, size=12, k=1, pb=0, pe=0, n=4),    # 1x1: a dgrad of 64+ blocks
+    _geometry(2, c=72, o=36, size=11, k=3, s=2, pb=1, pe=0),     # a partial last block
+    _geometry(1, c=48, o=100, size=30, k=2, d=3, pb=2, pe=1, n=1),
+], ids=["1x1", "strided-partial", "1d-dilated"])
+def test_register_tiles_take_runs_of_output_blocks(isa, geom, rng, monkeypatch):
+    """corr_tile repeats over consecutive whole output blocks in one call (engine
+    debug bit 64 calls it once per block): bit for bit the same forward and data
+    gradient results, equal to the reference."""
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    x, w, dy = make_arrays(geom, rng, np.float32, True)
+    kw = {k: geom[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    want = reference_results(geom, x, w, dy)
+    got = {}
+    with convgrad.config(algo="native", isa=isa, threads=2):
+        lib = native.engine().lib
+        assert native.engine().isa == isa
+        try:
+            for bit in (0, 64):
+                lib.cg_engine_set_dbg(bit)
+                got[bit] = (convgrad.conv_forward(x, w, **kw),
+                            convgrad.conv_data_grad(w, dy, x.shape, **kw))
+        finally:
+            lib.cg_engine_set_dbg(0)
+    for k in (0, 2):
+        assert_close(got[0][k // 2], want[k], np.float32)
+        np.testing.assert_array_equal(got[0][k // 2], got[64][k // 2])
+
+
 def test_results_do_not_depend_on_the_thread_count(rng, monkeypatch):
     monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
     case = _geometry(2, c=24, o=40, size=37, k=3, n=3)

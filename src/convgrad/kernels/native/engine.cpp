@@ -52,11 +52,20 @@ constexpr int corr_blocks(int r, int nv) {
 // group), wp[t] block 0's weights for tap t (input channel c at wp[t] + c*wc), the
 // next blocks wstride floats apart.
 // Pixels of one tile may come from different lines (they share their taps).
+// reps > 1: the same for the next reps - 1 groups of B blocks (weights B * wstride
+// floats further, outputs B * NB channels further), all whole (nvalid = B * NB): a
+// short sum (a 1x1 data gradient's 64 channels) then pays the call and the loading of
+// its pointers once for all of them.
 template <int R, int NV, int B>
 void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t wstride,
-               int64_t wc, int64_t cin, float* const* out, int64_t ochan, int nvalid,
-               bool stream) {
+               int64_t wc, int64_t cin, float* const* outp, int64_t ochan, int nvalid,
+               bool stream, int64_t reps) {
     constexpr int NB = NV * VL;
+    for (int64_t rep = 0; rep < reps; rep++) {
+    const int64_t wo = rep * B * wstride;
+    float* out[R];
+#pragma GCC unroll 64
+    for (int i = 0; i < R; i++) out[i] = outp[i] + rep * B * NB * ochan;
     vf acc[R][B][NV];
 #pragma GCC unroll 64
     for (int i = 0; i < R; i++)
@@ -68,7 +77,7 @@ void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t
         const float* x[R];
 #pragma GCC unroll 64
         for (int i = 0; i < R; i++) x[i] = xp[t * R + i];
-        const float* w = wp[t];
+        const float* w = wp[t] + wo;
         for (int64_t c = 0; c < cin; c++) {
             vf wv[B][NV];
 #pragma GCC unroll 8
@@ -115,6 +124,7 @@ void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t
             for (int j = 0; j < nvalid; j++)
                 out[i][j * ochan] = acc[i][j / NB][(j % NB) / VL][j % VL];
     }
+    }
 }
 
 // Tiles summing fewer products per output than this keep plain stores even where
@@ -124,7 +134,7 @@ void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t
 constexpr int64_t CORR_STREAM_MIN_SUM = 128;
 
 typedef void (*corr_fn)(int, const float* const*, const float* const*, int64_t, int64_t,
-                        int64_t, float* const*, int64_t, int, bool);
+                        int64_t, float* const*, int64_t, int, bool, int64_t);
 
 // fns[(R - 1) * BMAX + (B - 1)] for B <= corr_blocks(R, NV), else null
 template <int NV, int K>
@@ -433,6 +443,10 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                             for (int64_t ob = ob0; ob < ob1;) {
                                 const int b = (int)std::min<int64_t>(bmax, ob1 - ob);
                                 const int nvalid = (int)std::min<int64_t>(b * NB, cout_g - ob * NB);
+                                // groups of b whole blocks in one call (see corr_tile)
+                                const int64_t reps = b == bmax && !(cg_engine_dbg & 64)
+                                    ? std::max<int64_t>(1, (std::min(ob1, cout_g / NB) - ob) / b)
+                                    : 1;
                                 for (int k = 0; k < ntp; k++) {
                                     const int64_t* tp = P->taps + 4 * (tb + C.taps[k]);
                                     wt[k] = P->wpk + g * P->wg + ob * P->wob + tp[3] * P->wt;
@@ -441,8 +455,8 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                                 for (int i = 0; i < r; i++) oo[i] = optr[i] + ob * NB * ochan;
                                 fns[(r - 1) * BMAX + (b - 1)](
                                     ntp, xt.data(), wt.data(), P->wob, P->wc, cin_g, oo, ochan,
-                                    nvalid, stream && ntp * cin_g >= CORR_STREAM_MIN_SUM);
-                                ob += b;
+                                    nvalid, stream && ntp * cin_g >= CORR_STREAM_MIN_SUM, reps);
+                                ob += b * reps;
                             }
                         }
                     }
