@@ -161,6 +161,37 @@ def test_every_work_decomposition_agrees(rng, monkeypatch):
             assert_close(g, e, np.float32)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype,channels_last", [(np.float32, False), (np.float16, True)])
+def test_weight_gradient_items_convert_only_their_channels(isa, dtype, channels_last, rng,
+                                                           monkeypatch):
+    """Weight-gradient items of boxes that split the channels and the output blocks
+    convert only their own channels of x and dy lines (NCX or 16-bit callers; engine
+    debug bit 128: every channel): bit for bit the same, equal to the reference."""
+    monkeypatch.setattr(winograd, "PARTIALS_BYTES", 0)
+    monkeypatch.setattr(winograd, "WGRAD_BOX_BYTES", 2**13)
+    case = geometry(2, n=2, c=40, o=72, size=(13, 10), d=(1, 2), pb=(1, 0), pe=(2, 1))
+    x, w, dy = make_arrays(case, rng, dtype, channels_last)
+    geom = make_geometry("t", **case)
+    with convgrad.config(isa=isa):
+        eng = native.engine()
+        plan = winograd.wgrad_plan(geom, eng.vl, 4, winograd._wgrad_budgets())
+        items = plan.items
+        assert (items[:, 6] - items[:, 5] < 40).any() and (items[:, 8] - items[:, 7]
+                                                          < plan.nob).any()
+        want = reference_results(case, x, w, dy)[1]
+        got = {}
+        try:
+            for bit in (0, 128):
+                eng.lib.cg_engine_set_dbg(bit)
+                with convgrad.config(algo="winograd"):
+                    got[bit] = convgrad.conv_weight_grad(x, dy, w.shape, **attrs(case))
+        finally:
+            eng.lib.cg_engine_set_dbg(0)
+    assert_close(got[0], want, dtype)
+    np.testing.assert_array_equal(got[0], got[128])
+
+
 def test_results_do_not_depend_on_the_thread_count(rng, monkeypatch):
     monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
     cases = [geometry(2, n=3, c=24, o=40, size=23), geometry(3, n=1, c=8, o=16, size=(6, 9, 9)),

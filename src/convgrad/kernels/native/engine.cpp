@@ -200,7 +200,8 @@ struct CorrProblem {
 
 const char* cg_isa(void) { return CG_ISA_NAME; }
 int64_t cg_vector_floats(void) { return VL; }
-// Debug switches for A/B measurements (bit 0: no streaming stores); 0 in use.
+// Debug switches for A/B measurements (bit 0: no streaming stores; 6: one corr call
+// per output block; 7: winograd.cpp's lines convert every channel); 0 in use.
 int64_t cg_engine_dbg = 0;
 void cg_engine_set_dbg(int64_t v) { cg_engine_dbg = v; }
 int64_t cg_corr_rmax(int64_t nv) { return nv >= 1 && nv <= 4 ? CORR_RMAX[nv] : 0; }

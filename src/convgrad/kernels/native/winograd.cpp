@@ -37,6 +37,9 @@
 
 using namespace cg;
 
+// engine.cpp's debug switches (bit 7: Winograd lines convert all their channels)
+extern "C" int64_t cg_engine_dbg;
+
 CG_ISA_OF(winograd)
 
 #ifdef WINO_PROFILE
@@ -363,16 +366,18 @@ struct Lines {
     bool packed = false;
     std::vector<int64_t> keys;
     int64_t w0 = 0, w1 = 0;
+    int64_t c0 = 0, cn = 0;      // packed: the channels [c0, c0 + cn) only
     const float* buf = nullptr;
 
-    // line (n, d, h) at pixel 0, channel 0 (packed: the pixels before w0 are not there)
+    // line (n, d, h) at pixel 0, channel 0 (packed: the pixels before w0 and the
+    // channels outside [c0, c0 + cn) are not there)
     const float* row(int64_t n, int64_t d, int64_t h) const {
         if (!packed) return (const float*)at(S->t, n, d, h, 0, 0);
         const int64_t key = (n * S->L[0] + d) * S->L[1] + h;
         const auto it = std::lower_bound(keys.begin(), keys.end(), key);
-        return buf + ((it - keys.begin()) * (w1 - w0) - w0) * S->C;
+        return buf + ((it - keys.begin()) * (w1 - w0) - w0) * cn - c0;
     }
-    int64_t pixel() const { return packed ? S->C : S->t.stride[3]; }
+    int64_t pixel() const { return packed ? cn : S->t.stride[3]; }
 };
 
 // The lines of S that tiles [s0, s1) x output planes [d0, d1) read: rows j*dil[1] + off[1]
@@ -407,19 +412,26 @@ void tile_keys(const Source& S, const TileGeom& T, int64_t rows, int64_t cols, i
 }
 
 // Prepare the lines (converted into buf unless S is float32 with unit channel stride);
-// returns the floats used.
+// returns the floats used.  Only the channels [c0, c1) are converted (c1 < 0: all): a
+// weight gradient's items split the channels and output blocks, and each converted the
+// whole lines (ResNet-50 res4 NCX: the conversions 40% of the call).
 int64_t prepare_lines(const Source& S, const TileGeom& T, int64_t rows, int64_t cols,
                       int64_t depth, int64_t s0, int64_t s1, int64_t d0, int64_t d1,
-                      const int64_t* off, Lines& L, float* buf) {
+                      const int64_t* off, Lines& L, float* buf, int64_t c0 = 0,
+                      int64_t c1 = -1) {
     L.S = &S;
     L.packed = !direct_f32(S.t);
     if (!L.packed) return 0;
+    if (c1 < 0 || (cg_engine_dbg & 128)) c0 = 0, c1 = S.C;
     tile_keys(S, T, rows, cols, depth, s0, s1, d0, d1, off, L.keys, L.w0, L.w1);
-    Tensor window = S.t;                  // the pixels [w0, w1) of every line
-    window.ptr = (const char*)S.t.ptr + itemsize(S.t.dtype) * L.w0 * S.t.stride[3];
-    pack_keyed_lines(buf, window, L.keys, S.L[0], S.L[1], L.w1 - L.w0, S.C);
+    Tensor window = S.t;                  // the pixels [w0, w1), channels [c0, c1)
+    window.ptr = (const char*)S.t.ptr +
+                 itemsize(S.t.dtype) * (L.w0 * S.t.stride[3] + c0 * S.t.stride[4]);
+    L.c0 = c0;
+    L.cn = c1 - c0;
+    pack_keyed_lines(buf, window, L.keys, S.L[0], S.L[1], L.w1 - L.w0, L.cn);
     L.buf = buf;
-    return (int64_t)L.keys.size() * (L.w1 - L.w0) * S.C;
+    return (int64_t)L.keys.size() * (L.w1 - L.w0) * L.cn;
 }
 
 int64_t lines_floats(const Source& S, const TileGeom& T, int64_t rows, int64_t cols,
@@ -1106,8 +1118,10 @@ void wgrad_items(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox& box, fl
         const int64_t nt = I.nt(), cw = I.cw(), nd = I.d1 - I.d0;
         float* free_ = scratch;
         free_ += prepare_lines(P->x, T, AX == 2 ? A : 1, A, kd, I.s0, I.s1, I.d0, I.d1, T.off,
-                               LX, free_);
-        free_ += prepare_lines(P->dy, T, MH, M, 1, I.s0, I.s1, I.d0, I.d1, dyoff, LY, free_);
+                               LX, free_, I.g * cg_ + I.c0, I.g * cg_ + I.c1);
+        free_ += prepare_lines(P->dy, T, MH, M, 1, I.s0, I.s1, I.d0, I.d1, dyoff, LY, free_,
+                               I.g * og + std::min(og, I.ob0 * NB),
+                               I.g * og + std::min(og, I.ob1 * NB));
         float* V = free_;
         free_ += NA * lay.vstride;
         float* Y = free_;
