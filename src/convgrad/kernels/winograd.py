@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import settings
 from ..geometry import ConvGeometry
-from . import _pool, native
+from . import _pool, _results, native
 from ._blas import scratch
 
 _I64 = ctypes.c_int64
@@ -730,7 +730,8 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     eng = native.engine()
     lib = _lib(eng)
     G, cg = geom.groups, geom.c // geom.groups
-    dw = np.zeros((*geom.kernel, cg, geom.o), np.float32)
+    dw = _results.empty((*geom.kernel, cg, geom.o), np.float32)   # (see native.wgrad)
+    dw.fill(0)
     if dw.size == 0 or x.size == 0 or dy.size == 0:
         return dw
     threads = native._threads(geom.flops)
