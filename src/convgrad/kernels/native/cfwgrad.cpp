@@ -76,23 +76,8 @@ void cg_cfw_run(const CfwProblem* P, int64_t k, float* scratch) {
         for (int64_t b = b0; b < b1; b++) {
             for (int64_t j = 0; j < nl; j++) {
                 const float* src = P->dy + n * P->ys[0] + od * P->ys[2] + (oh0 + j) * P->ys[3];
-                float* o = scratch + (b - b0) * bst + j * bw;
-                const int64_t w8 = Mw / 8 * 8;
-                for (int64_t j0 = 0; j0 < NB; j0 += 8) {
-                    const int64_t c0 = b * NB + j0, jn = std::min<int64_t>(8, NB - j0);
-                    const float* s = src + c0 * P->ys[1];
-                    if (jn == 8 && c0 + 8 <= O) {
-                        for (int64_t w = 0; w < w8; w += 8)
-                            transpose8(s + w, P->ys[1], o + w * NB + j0, NB);
-                        for (int64_t w = w8; w < Mw; w++)
-                            for (int64_t i = 0; i < 8; i++) o[w * NB + j0 + i] = s[i * P->ys[1] + w];
-                    } else {
-                        // (the last channels, or a block of 4 or 12: the portable build)
-                        for (int64_t w = 0; w < Mw; w++)
-                            for (int64_t i = 0; i < jn; i++)
-                                o[w * NB + j0 + i] = c0 + i < O ? s[i * P->ys[1] + w] : 0.0f;
-                    }
-                }
+                channel_rows_to_panel(scratch + (b - b0) * bst + j * bw,
+                                      src + b * NB * P->ys[1], P->ys[1], Mw, NB, O - b * NB);
             }
         }
         for (int64_t kd = 0; kd < P->K[0]; kd++) {

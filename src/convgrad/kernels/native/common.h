@@ -28,6 +28,28 @@ inline const char* at(const Tensor& t, int64_t n, int64_t d, int64_t h, int64_t 
 
 inline bool direct_f32(const Tensor& t) { return t.dtype == F32 && t.stride[4] == 1; }
 
+// One block of a GEMM's vector-operand panel from channels-first float32 rows: the
+// channel rows src + j * cs (positions contiguous) -> o[p * nb + j] for p < np, j < nb,
+// zero for the channels j >= nch (past the operand's last), by 8 x 8 transposes where
+// 8 channels are there (a block of 4 or 12 channels on the portable build: scalar).
+inline void channel_rows_to_panel(float* o, const float* src, int64_t cs, int64_t np,
+                                  int64_t nb, int64_t nch) {
+    const int64_t p8 = np / 8 * 8;
+    for (int64_t j0 = 0; j0 < nb; j0 += 8) {
+        const int64_t jn = std::min<int64_t>(8, nb - j0);
+        const float* s = src + j0 * cs;
+        if (jn == 8 && j0 + 8 <= nch) {
+            for (int64_t p = 0; p < p8; p += 8) transpose8(s + p, cs, o + p * nb + j0, nb);
+            for (int64_t p = p8; p < np; p++)
+                for (int64_t i = 0; i < 8; i++) o[p * nb + j0 + i] = s[i * cs + p];
+        } else {
+            for (int64_t p = 0; p < np; p++)
+                for (int64_t i = 0; i < jn; i++)
+                    o[p * nb + j0 + i] = j0 + i < nch ? s[i * cs + p] : 0.0f;
+        }
+    }
+}
+
 // Copy the lines (d, h) for d in ds, h in hs of sample n (all W pixels, all C
 // channels) to dst as float32 [d][h][w][c].
 // Convert W pixels of line (n, d, h) -- or, when the lines are contiguous, W pixels

@@ -62,68 +62,68 @@ void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t
                bool stream, int64_t reps) {
     constexpr int NB = NV * VL;
     for (int64_t rep = 0; rep < reps; rep++) {
-    const int64_t wo = rep * B * wstride;
-    float* out[R];
+        const int64_t wo = rep * B * wstride;
+        float* out[R];
 #pragma GCC unroll 64
-    for (int i = 0; i < R; i++) out[i] = outp[i] + rep * B * NB * ochan;
-    vf acc[R][B][NV];
+        for (int i = 0; i < R; i++) out[i] = outp[i] + rep * B * NB * ochan;
+        vf acc[R][B][NV];
 #pragma GCC unroll 64
-    for (int i = 0; i < R; i++)
-#pragma GCC unroll 8
-        for (int b = 0; b < B; b++)
-#pragma GCC unroll 8
-            for (int v = 0; v < NV; v++) acc[i][b][v] = zero();
-    for (int t = 0; t < ntap; t++) {
-        const float* x[R];
-#pragma GCC unroll 64
-        for (int i = 0; i < R; i++) x[i] = xp[t * R + i];
-        const float* w = wp[t] + wo;
-        for (int64_t c = 0; c < cin; c++) {
-            vf wv[B][NV];
+        for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
             for (int b = 0; b < B; b++)
 #pragma GCC unroll 8
-                for (int v = 0; v < NV; v++) wv[b][v] = load(w + b * wstride + c * wc + v * VL);
+                for (int v = 0; v < NV; v++) acc[i][b][v] = zero();
+        for (int t = 0; t < ntap; t++) {
+            const float* x[R];
 #pragma GCC unroll 64
-            for (int i = 0; i < R; i++) {
-                vf s = bcast(x[i][c]);
+            for (int i = 0; i < R; i++) x[i] = xp[t * R + i];
+            const float* w = wp[t] + wo;
+            for (int64_t c = 0; c < cin; c++) {
+                vf wv[B][NV];
 #pragma GCC unroll 8
                 for (int b = 0; b < B; b++)
 #pragma GCC unroll 8
-                    for (int v = 0; v < NV; v++) acc[i][b][v] += s * wv[b][v];
+                    for (int v = 0; v < NV; v++) wv[b][v] = load(w + b * wstride + c * wc + v * VL);
+#pragma GCC unroll 64
+                for (int i = 0; i < R; i++) {
+                    vf s = bcast(x[i][c]);
+#pragma GCC unroll 8
+                    for (int b = 0; b < B; b++)
+#pragma GCC unroll 8
+                        for (int v = 0; v < NV; v++) acc[i][b][v] += s * wv[b][v];
+                }
             }
         }
-    }
-    // nvalid counts the valid channels of all B blocks (only the last may be partial)
-    if (ochan == 1 && nvalid == B * NB && stream) {
-        // (whole cache lines of one pixel, aligned: see CorrProblem::stream)
+        // nvalid counts the valid channels of all B blocks (only the last may be partial)
+        if (ochan == 1 && nvalid == B * NB && stream) {
+            // (whole cache lines of one pixel, aligned: see CorrProblem::stream)
 #pragma GCC unroll 64
-        for (int i = 0; i < R; i++)
+            for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
-            for (int b = 0; b < B; b++)
+                for (int b = 0; b < B; b++)
 #pragma GCC unroll 8
-                for (int v = 0; v < NV; v++)
-                    stream_store(out[i] + b * NB + v * VL, acc[i][b][v]);
-    } else if (ochan == 1 && nvalid == B * NB) {
+                    for (int v = 0; v < NV; v++)
+                        stream_store(out[i] + b * NB + v * VL, acc[i][b][v]);
+        } else if (ochan == 1 && nvalid == B * NB) {
 #pragma GCC unroll 64
-        for (int i = 0; i < R; i++)
+            for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
-            for (int b = 0; b < B; b++)
+                for (int b = 0; b < B; b++)
 #pragma GCC unroll 8
-                for (int v = 0; v < NV; v++) store(out[i] + b * NB + v * VL, acc[i][b][v]);
-    } else if (ochan == 1) {
-        for (int i = 0; i < R; i++)
-            for (int b = 0; b < B; b++)
-                for (int v = 0; v < NV; v++) {
-                    int n = nvalid - b * NB - v * VL;
-                    if (n >= VL) store(out[i] + b * NB + v * VL, acc[i][b][v]);
-                    else if (n > 0) store_n(out[i] + b * NB + v * VL, acc[i][b][v], n);
-                }
-    } else {
-        for (int i = 0; i < R; i++)
-            for (int j = 0; j < nvalid; j++)
-                out[i][j * ochan] = acc[i][j / NB][(j % NB) / VL][j % VL];
-    }
+                    for (int v = 0; v < NV; v++) store(out[i] + b * NB + v * VL, acc[i][b][v]);
+        } else if (ochan == 1) {
+            for (int i = 0; i < R; i++)
+                for (int b = 0; b < B; b++)
+                    for (int v = 0; v < NV; v++) {
+                        int n = nvalid - b * NB - v * VL;
+                        if (n >= VL) store(out[i] + b * NB + v * VL, acc[i][b][v]);
+                        else if (n > 0) store_n(out[i] + b * NB + v * VL, acc[i][b][v], n);
+                    }
+        } else {
+            for (int i = 0; i < R; i++)
+                for (int j = 0; j < nvalid; j++)
+                    out[i][j * ochan] = acc[i][j / NB][(j % NB) / VL][j % VL];
+        }
     }
 }
 
@@ -1151,24 +1151,10 @@ void cg_pw_run(const PwProblem* P, int64_t k, float* scratch) {
     const float* ar[MR];
     float* cr[MR];
     for (int64_t p0 = task[1]; p0 < task[2]; p0 += kc) {
-        const int64_t np = std::min(kc, task[2] - p0), p8 = np / 8 * 8;
-        for (int64_t jb = 0; jb < nbb; jb++) {
-            float* o = bk + jb * kc * NB;
-            for (int64_t j0 = 0; j0 < NB; j0 += 8) {
-                const int64_t c0 = jb * NB + j0;
-                const float* src = b + c0 * P->bc + p0;
-                if (c0 + 8 <= B) {
-                    for (int64_t p = 0; p < p8; p += 8)
-                        transpose8(src + p, P->bc, o + p * NB + j0, NB);
-                    for (int64_t p = p8; p < np; p++)
-                        for (int64_t j = 0; j < 8; j++) o[p * NB + j0 + j] = src[j * P->bc + p];
-                } else {
-                    for (int64_t p = 0; p < np; p++)
-                        for (int64_t j = 0; j < 8; j++)
-                            o[p * NB + j0 + j] = c0 + j < B ? src[j * P->bc + p] : 0.0f;
-                }
-            }
-        }
+        const int64_t np = std::min(kc, task[2] - p0);
+        for (int64_t jb = 0; jb < nbb; jb++)
+            channel_rows_to_panel(bk + jb * kc * NB, b + jb * NB * P->bc + p0, P->bc, np, NB,
+                                  B - jb * NB);
         for (int64_t t = 0; t < nt; t++) {
             const int64_t i0 = tile_start(t, A, nt);
             const int m = (int)(tile_start(t + 1, A, nt) - i0);
