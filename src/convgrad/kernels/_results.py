@@ -116,6 +116,16 @@ def empty(shape, dtype) -> np.ndarray:
     return flat.view(dtype).reshape(shape)
 
 
+def zeros(shape, dtype) -> np.ndarray:
+    """:func:`empty`, zeroed: for results the kernels add into (weight gradients).  A
+    fresh ``np.zeros`` reuses the heap only while nothing else runs: alternating with
+    another library, glibc gives trimmed memory back and every call faults its pages
+    again (ResNet-50 res5's 9.4 MB weight gradient: 26-36 ms instead of 12-14)."""
+    out = empty(shape, dtype)
+    out.fill(0)
+    return out
+
+
 def recycled(a: np.ndarray) -> bool:
     """Whether ``a`` (or the array it views) is a result of :func:`empty` in memory
     taken back from the pool: its pages are mapped, so a kernel may write it with

@@ -553,7 +553,7 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32,
     partial sums over a fixed cut of the positions added in order."""
     cg = geom.c // geom.groups
-    result = np.zeros((*geom.kernel, cg, geom.o), np.float32)
+    result = _results.zeros((*geom.kernel, cg, geom.o), np.float32)
     if result.size == 0 or x.size == 0 or dy.size == 0:
         return result
     eng = native.engine()

@@ -1090,10 +1090,14 @@ def _cf_wgrad_fits(geom: ConvGeometry) -> bool:
     Otherwise it would give each thread one range of output blocks, and after the
     benchmark's pause a worker that wakes late leaves the caller its whole range to wait
     for: ResNet-50 res5 and DCGAN ran 1.2-1.3x slower than the conversion path then."""
-    m3 = _pad3(geom.out_sizes, 1)
-    chunks = max(1, min(geom.n * m3[0] * m3[1], WGRAD_CHUNKS))
     dw_bytes = 4 * math.prod(geom.kernel) * geom.c * geom.o
-    return dw_bytes * chunks <= _budgets(_threads(geom.flops))[3]
+    return dw_bytes * _cf_wgrad_chunks(geom) <= _budgets(_threads(geom.flops))[3]
+
+
+def _cf_wgrad_chunks(geom: ConvGeometry) -> int:
+    """The line ranges (one partial gradient each) :func:`_cf_wgrad` cuts a call into."""
+    m3 = _pad3(geom.out_sizes, 1)
+    return max(1, min(geom.n * m3[0] * m3[1], WGRAD_CHUNKS))
 
 
 def _cf_wgrad(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, dw: np.ndarray,
@@ -1117,7 +1121,7 @@ def _cf_wgrad(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, dw
     nob = -(-geom.o // nb)
     lines = geom.n * m3[0] * m3[1]
     panel_lines = max(1, CFW_PANEL_FLOATS // (m3[2] * nob * nb))
-    chunks = max(1, min(lines, WGRAD_CHUNKS))
+    chunks = _cf_wgrad_chunks(geom)
     parts = None
     if chunks == 1:
         tasks = [(0, lines, 0, nob, dw.ctypes.data, 0)]
@@ -1145,11 +1149,7 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32."""
     eng = engine()
     G, cg = geom.groups, geom.c // geom.groups
-    # (the kernels add into it; recycled memory: a fresh np.zeros of ResNet-50 res5's
-    # 9.4 MB faulted its pages in the kernels' threads whenever other code had made
-    # the heap give memory back -- 12-14 ms alone, 26-36 ms alternating with PyTorch)
-    result = _results.empty((*geom.kernel, cg, geom.o), np.float32)
-    result.fill(0)
+    result = _results.zeros((*geom.kernel, cg, geom.o), np.float32)   # (kernels add into it)
     if result.size == 0 or x.size == 0 or dy.size == 0:
         return result
     threads = _threads(geom.flops)

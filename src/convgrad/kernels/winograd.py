@@ -730,8 +730,7 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     eng = native.engine()
     lib = _lib(eng)
     G, cg = geom.groups, geom.c // geom.groups
-    dw = _results.empty((*geom.kernel, cg, geom.o), np.float32)   # (see native.wgrad)
-    dw.fill(0)
+    dw = _results.zeros((*geom.kernel, cg, geom.o), np.float32)
     if dw.size == 0 or x.size == 0 or dy.size == 0:
         return dw
     threads = native._threads(geom.flops)
