@@ -635,20 +635,28 @@ def test_channels_first_pointwise_weight_gradient_kernel(isa, c, o, size, n, rng
     last 8, several chunks and position ranges a sample (one sample: still several
     ranges); against the reference and the correlation path it replaced, on every
     build, 1 and 3 threads bitwise equal."""
-    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
     case = _geometry(2, c=c, o=o, size=size, k=1, pb=0, pe=0, n=n)
+    _check_channels_first_wgrad_kernel(case, isa, "_pointwise_wgrad", "POINTWISE_KERNEL", rng,
+                                       monkeypatch)
+
+
+def _check_channels_first_wgrad_kernel(case, isa, kernel, switch, rng, monkeypatch):
+    """The float32 NCX weight gradient of ``case`` with native.<switch> on (1 and 3
+    threads: native.<kernel> runs, bitwise equal) and off (the path it replaced), each
+    against the reference."""
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
     x, w, dy = make_arrays(case, rng, np.float32, False)
     kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
     want = reference_results(case, x, w, dy)[1]
-    pw, real = [], native._pointwise_wgrad
-    monkeypatch.setattr(native, "_pointwise_wgrad", lambda *a: pw.append(1) or real(*a))
+    ran, real = [], getattr(native, kernel)
+    monkeypatch.setattr(native, kernel, lambda *a: ran.append(1) or real(*a))
     got = []
     for new, threads in ((True, 1), (True, 3), (False, 2)):
-        monkeypatch.setattr(native, "POINTWISE_KERNEL", new)
+        monkeypatch.setattr(native, switch, new)
         with convgrad.config(algo="native", isa=isa, threads=threads):
             got.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
         assert_close(got[-1], want, np.float32)
-    assert len(pw) == 2
+    assert len(ran) == 2
     np.testing.assert_array_equal(got[0], got[1])
 
 
@@ -664,22 +672,9 @@ def test_channels_first_weight_gradient_kernel(isa, name, rng, monkeypatch):
     sample, lines past one call's sum (CFW_SUM); against the reference and the kernel
     it replaced, on every build, 1 and 3 threads bitwise equal."""
     case = dict(STRUCTURAL_CF.get(name) or STRUCTURAL[name])
-    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
     monkeypatch.setattr(native, "PARTIALS_BYTES", 2**40)
     monkeypatch.setattr(native, "CFW_PANEL_FLOATS", 1)          # one line a panel
-    x, w, dy = make_arrays(case, rng, np.float32, False)
-    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
-    want = reference_results(case, x, w, dy)[1]
-    ran, real = [], native._cf_wgrad
-    monkeypatch.setattr(native, "_cf_wgrad", lambda *a: ran.append(1) or real(*a))
-    got = []
-    for new, threads in ((True, 1), (True, 3), (False, 2)):
-        monkeypatch.setattr(native, "CF_WGRAD", new)
-        with convgrad.config(algo="native", isa=isa, threads=threads):
-            got.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
-        assert_close(got[-1], want, np.float32)
-    assert len(ran) == 2
-    np.testing.assert_array_equal(got[0], got[1])
+    _check_channels_first_wgrad_kernel(case, isa, "_cf_wgrad", "CF_WGRAD", rng, monkeypatch)
 
 
 @pytest.mark.parametrize("isa", ISAS)
