@@ -25,6 +25,8 @@ using namespace cg;
 
 CG_ISA_OF(cfwgrad)
 
+extern "C" int64_t cg_engine_dbg;   // bit 256: one tap a tile (tests, A/B)
+
 namespace {
 constexpr int64_t CFW_SUM = 512;
 }  // namespace
@@ -66,12 +68,41 @@ void cg_cfw_run(const CfwProblem* P, int64_t k, float* scratch) {
     const gemm_fn* fns = gemm_table(nv);
     const float* ar[64];
     float* cr[64];
+    const float* xr[64];       // a tile's rows: x at the first position of the first line
+    int64_t dr[64];            // and the dw row ((t * C) + c) each adds into
+    int64_t bst = 0;           // an output block of the panel (per group of lines)
+    // few channels (C < mr): the rows of several taps w (same kd, kh) share a tile
+    const int taps = C < mr && !(cg_engine_dbg & 256) ? (int)std::min<int64_t>(mr / C, 64 / C) : 1;
+    // m rows over np positions of nj lines from the panel at Bt, every block of o
+    auto sweep = [&](int m, int64_t np, int64_t nj, const float* Bt) {
+        // calls of at most CFW_SUM positions (lines x positions): a sum's float32
+        // rounding grows with its length (the general kernel's chunks are at most
+        // 512 positions too)
+        const int64_t lstep = np >= CFW_SUM ? 1 : std::max<int64_t>(1, CFW_SUM / np);
+        const int64_t pstep = np >= CFW_SUM ? CFW_SUM : np;
+        const int bmax = gemm_blocks(m, nv);
+        for (int64_t b = b0; b < b1;) {
+            const int bk = (int)std::min<int64_t>(bmax, b1 - b);
+            const int nvalid = (int)std::min<int64_t>(bk * NB, O - b * NB);
+            for (int i = 0; i < m; i++) cr[i] = dw + dr[i] * O + b * NB;
+            for (int64_t j = 0; j < nj; j += lstep)
+                for (int64_t p = 0; p < np; p += pstep) {
+                    for (int i = 0; i < m; i++)
+                        ar[i] = xr[i] + j * P->s[1] * P->xs[3] + p * P->s[2];
+                    fns[(m - 1) * BMAX + (bk - 1)](
+                        std::min(pstep, np - p), std::min(lstep, nj - j), ar, P->s[2],
+                        P->s[1] * P->xs[3], Bt + (b - b0) * bst + j * bw + p * NB, bst, bw,
+                        cr, nvalid);
+                }
+            b += bk;
+        }
+    };
     for (int64_t l = task[0]; l < task[1];) {
         const int64_t n = l / (P->M[0] * P->M[1]);
         const int64_t od = (l / P->M[1]) % P->M[0];
         const int64_t oh0 = l % P->M[1];
         const int64_t nl = std::min({P->lines, task[1] - l, P->M[1] - oh0});
-        const int64_t bst = nl * bw;                     // an output block of the panel
+        bst = nl * bw;
         // dy rows of the lines, blocks [b0, b1) -> panel[b - b0][j][w][NB]
         for (int64_t b = b0; b < b1; b++) {
             for (int64_t j = 0; j < nl; j++) {
@@ -89,41 +120,53 @@ void cg_cfw_run(const CfwProblem* P, int64_t k, float* scratch) {
                 int64_t ja, jb;
                 valid_range(nl, P->s[1], h0, P->L[1], ja, jb);
                 if (jb <= ja) continue;
-                for (int64_t kw = 0; kw < P->K[2]; kw++) {
-                    const int64_t off = kw * P->d[2] - P->pb[2];
-                    int64_t a, e;
-                    valid_range(Mw, P->s[2], off, P->L[2], a, e);
-                    if (e <= a) continue;
-                    const int64_t t = (kd * P->K[1] + kh) * P->K[2] + kw;
-                    const float* xa = P->x + n * P->xs[0] + dd * P->xs[2] +
-                                      (h0 + ja * P->s[1]) * P->xs[3] + a * P->s[2] + off;
-                    const float* Bt = scratch + ja * bw + a * NB;
-                    // calls of at most CFW_SUM positions (lines x positions): a sum's
-                    // float32 rounding grows with its length (the general kernel's
-                    // chunks are at most 512 positions too)
-                    const int64_t np = e - a, nj = jb - ja;
-                    const int64_t lstep = np >= CFW_SUM ? 1 : std::max<int64_t>(1, CFW_SUM / np);
-                    const int64_t pstep = np >= CFW_SUM ? CFW_SUM : np;
+                const float* xh = P->x + n * P->xs[0] + dd * P->xs[2] +
+                                  (h0 + ja * P->s[1]) * P->xs[3];
+                const float* Bh = scratch + ja * bw;
+                const int64_t nj = jb - ja, t0 = (kd * P->K[1] + kh) * P->K[2];
+                // the rows of tap kw, channels [c0, c0 + m), from output position q on
+                auto tap_rows = [&](int64_t kw, int64_t c0, int m, int64_t q, int at) {
+                    for (int i = 0; i < m; i++) {
+                        xr[at + i] = xh + q * P->s[2] + kw * P->d[2] - P->pb[2] +
+                                     (c0 + i) * P->xs[1];
+                        dr[at + i] = (t0 + kw) * C + c0 + i;
+                    }
+                };
+                // one tap's positions [a, e), its channels in tiles of at most mr rows
+                auto one_tap = [&](int64_t kw, int64_t a, int64_t e) {
+                    if (e <= a) return;
                     for (int64_t ct = 0; ct < nct; ct++) {
                         const int64_t c0 = tile_start(ct, C, nct);
                         const int m = (int)(tile_start(ct + 1, C, nct) - c0);
-                        const int bmax = gemm_blocks(m, nv);
-                        for (int64_t b = b0; b < b1;) {
-                            const int bk = (int)std::min<int64_t>(bmax, b1 - b);
-                            const int nvalid = (int)std::min<int64_t>(bk * NB, O - b * NB);
-                            for (int i = 0; i < m; i++) cr[i] = dw + (t * C + c0 + i) * O + b * NB;
-                            for (int64_t j = 0; j < nj; j += lstep)
-                                for (int64_t p = 0; p < np; p += pstep) {
-                                    const float* xj = xa + j * P->s[1] * P->xs[3] + p * P->s[2];
-                                    for (int i = 0; i < m; i++) ar[i] = xj + (c0 + i) * P->xs[1];
-                                    fns[(m - 1) * BMAX + (bk - 1)](
-                                        std::min(pstep, np - p), std::min(lstep, nj - j), ar,
-                                        P->s[2], P->s[1] * P->xs[3],
-                                        Bt + (b - b0) * bst + j * bw + p * NB, bst, bw, cr,
-                                        nvalid);
-                                }
-                            b += bk;
-                        }
+                        tap_rows(kw, c0, m, a, 0);
+                        sweep(m, e - a, nj, Bh + a * NB);
+                    }
+                };
+                for (int64_t kw0 = 0; kw0 < P->K[2]; kw0 += taps) {
+                    const int64_t kw1 = std::min<int64_t>(P->K[2], kw0 + taps);
+                    int64_t a[64], e[64], A = 0, E = Mw;
+                    int live = 0;
+                    for (int64_t kw = kw0; kw < kw1; kw++) {
+                        valid_range(Mw, P->s[2], kw * P->d[2] - P->pb[2], P->L[2],
+                                    a[kw - kw0], e[kw - kw0]);
+                        if (e[kw - kw0] <= a[kw - kw0]) continue;
+                        live++;
+                        A = std::max(A, a[kw - kw0]), E = std::min(E, e[kw - kw0]);
+                    }
+                    if (live < 2 || E <= A) {
+                        for (int64_t kw = kw0; kw < kw1; kw++) one_tap(kw, a[kw - kw0], e[kw - kw0]);
+                        continue;
+                    }
+                    // few channels: the taps' rows together over the positions where
+                    // every one of them reads the input, each tap alone at the edges
+                    int m = 0;
+                    for (int64_t kw = kw0; kw < kw1; kw++)
+                        if (e[kw - kw0] > a[kw - kw0]) tap_rows(kw, 0, (int)C, A, m), m += (int)C;
+                    sweep(m, E - A, nj, Bh + A * NB);
+                    for (int64_t kw = kw0; kw < kw1; kw++) {
+                        if (e[kw - kw0] <= a[kw - kw0]) continue;
+                        one_tap(kw, a[kw - kw0], A);
+                        one_tap(kw, E, e[kw - kw0]);
                     }
                 }
             }
