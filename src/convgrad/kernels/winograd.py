@@ -614,8 +614,13 @@ WGRAD_ITEM_BYTES = 1 * 2**20
 # Output planes (3-D) per item.
 WGRAD_ITEM_PLANES = 4
 # Chunks of tiles with partial sums of the products (when they fit PARTIALS_BYTES);
-# otherwise the sums are cut into boxes of channels, each summing every tile.
-WGRAD_PARTS = 8
+# otherwise the sums are cut into boxes of channels, each summing every tile.  Two
+# (one per thread of the 2-core machines this is tuned on), not 8: zeroing, filling and
+# reducing 8 sets of sums (res2: 8 x 0.6 MB) cost more than the balance they bought
+# (2026-11-26, AVX-512, alternating in one process: res2 NXC 5.5 -> 4.4 ms hot, 18.2 ->
+# 14.4 ms after the 0.15 s pause; U-Net 1.06x / 1.08x, TCN 1.07x / 1.03x).  A fixed
+# count, never the thread count, so results stay the same for any thread count (D19).
+WGRAD_PARTS = 2
 PARTIALS_BYTES = 8 * 2**20
 # A box's sums at most (per-thread scratch).
 WGRAD_BOX_BYTES = 2 * 2**20
