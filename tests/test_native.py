@@ -678,6 +678,37 @@ def test_channels_first_weight_gradient_kernel(isa, name, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("channels_last", [True, False], ids=["nxc", "ncx"])
+@pytest.mark.parametrize("geom", [
+    _geometry(2, c=3, o=40, size=37, k=7, s=2, pb=3, pe=2, n=2),   # ResNet's conv1, small
+    _geometry(1, c=2, o=20, size=90, k=5, s=3, d=2, pb=4, pe=1, n=2),
+], ids=["conv1-like", "1d-s3-dilated"])
+def test_few_channel_taps_share_tiles(isa, channels_last, geom, rng, monkeypatch):
+    """Weight gradients with fewer input channels than a tile has rows put the rows of
+    several w taps in one tile (channels-last: the taps of a stride phase, met in phase
+    order; channels-first: cg_cfw_run's taps over their common positions; engine debug
+    bit 256 keeps one tap a tile / kw order): both against the reference, and the
+    regrouped sums are really another association (not bit for bit the same)."""
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    monkeypatch.setattr(native, "PARTIALS_BYTES", 2**40)
+    x, w, dy = make_arrays(geom, rng, np.float32, channels_last)
+    kw = {k: geom[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    want = reference_results(geom, x, w, dy)[1]
+    got = {}
+    with convgrad.config(algo="native", isa=isa, threads=2):
+        lib = native.engine().lib
+        try:
+            for bit in (0, 256):
+                lib.cg_engine_set_dbg(bit)
+                got[bit] = convgrad.conv_weight_grad(x, dy, w.shape, **kw)
+        finally:
+            lib.cg_engine_set_dbg(0)
+    for bit in (0, 256):
+        assert_close(got[bit], want, np.float32)
+    assert not np.array_equal(got[0], got[256])
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("geom", [
     _geometry(2, c=9, o=12, size=11, k=3, s=2, pb=2, pe=0, n=2),
     _geometry(2, c=16, o=10, size=8, k=1, pb=0, pe=0, n=2),       # pointwise: cg_pw_run

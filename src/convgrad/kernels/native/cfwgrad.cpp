@@ -25,7 +25,7 @@ using namespace cg;
 
 CG_ISA_OF(cfwgrad)
 
-extern "C" int64_t cg_engine_dbg;   // bit 256: one tap a tile (tests, A/B)
+extern "C" int64_t cg_engine_dbg;   // bit 256: one tap a tile (A/B; engine.cpp: taps in kw order)
 
 namespace {
 constexpr int64_t CFW_SUM = 512;

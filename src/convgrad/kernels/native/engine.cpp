@@ -850,6 +850,15 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
     std::vector<Piece> pieces;
     std::vector<Run> runs, full_runs;
     std::vector<GroupTap> gtaps(Kw);
+    // the w taps by stride phase (kw ascending within one), so that the taps of a phase
+    // meet in the loop below and share tiles (with w stride 2, taps in kw order
+    // alternate phases: ResNet's conv1 ran one 3-channel tap a tile)
+    std::vector<int64_t> kword(Kw);
+    for (int64_t kw = 0; kw < Kw; kw++) kword[kw] = kw;
+    if (!(cg_engine_dbg & 256))
+        std::stable_sort(kword.begin(), kword.end(), [&](int64_t u, int64_t v) {
+            return (((u * dwl - pbw) % sw) + sw) % sw < (((v * dwl - pbw) % sw) + sw) % sw;
+        });
     std::vector<int64_t> keys;
     const float* frow[64];
     float* fout[64];
@@ -930,11 +939,12 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
                                 for (int64_t j = ja + 2; j < jb && uniform; j++)
                                     uniform = xrow(n, dd, hh(j), 0) - r0 == (j - ja) * aline;
                             }
-                            // taps kw in order; x index v*sw + r with v = p + q(kw), r the
+                            // taps kw by phase; x index v*sw + r with v = p + q(kw), r the
                             // phase; taps of one phase whose x rows overlap share rows
                             int64_t gr = -1, vlo = 0, vhi = 0;
                             int ng = 0;
-                            for (int64_t kw = 0; kw <= Kw; kw++) {
+                            for (int64_t ki = 0; ki <= Kw; ki++) {
+                                const int64_t kw = ki < Kw ? kword[ki] : Kw;
                                 int64_t a = 0, b = 0, q = 0, r = -2;
                                 if (kw < Kw) {
                                     const int64_t t = (kd * P->K[1] + kh) * Kw + kw;
