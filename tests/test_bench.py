@@ -165,7 +165,9 @@ def test_report_numbers_come_from_the_record(tmp_path):
                           "fma": {"gflops": 80.0, "threads": 2, "isa": "avx2",
                                   "runs": [80.0]},
                           "wake": {"threads": 2, "pause_s": 0.15, "hot_ms": 5.03,
-                                   "after_pause_ms": 7.61}}
+                                   "after_pause_ms": 7.61},
+                          "idle_memory": {"bytes": 16 * 2**20, "hot_ms": 2.04,
+                                          "after_idle_ms": {"1.0": 36.12, "0.15": 8.39}}}
     record["summary"] = summarize(record)
     paths = write_report(record, tmp_path)
     md = open(paths["markdown"]).read()
@@ -191,6 +193,8 @@ def test_report_numbers_come_from_the_record(tmp_path):
         assert "TF" not in row and row["fastest peer"] in ("torch", "torch CL")
     assert "After the 0.15 s pause: a burst of FMAs on 2 threads takes 7.61 ms against " \
         "5.03 ms back to back" in md
+    assert "reading 16 MiB takes 2.0 ms back to back, 8.4 ms after 0.15 s, 36.1 ms after " \
+        "1.0 s untouched" in md
     geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
     assert re.search(rf"Geometric mean of \(fastest peer time / convgrad time\): {geo:.3f}\*\*",
                      md)
@@ -198,6 +202,15 @@ def test_report_numbers_come_from_the_record(tmp_path):
         record["results"][0]["parties"]["torch"]["ms"]
     if "png" in paths:
         assert open(paths["png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_idle_memory_read_times_one_array_hot_and_after_each_idle():
+    """The header's idle-memory figure: one median back to back and one per idle time,
+    of reading the same array."""
+    from convgrad.bench.harness import idle_memory_read
+    r = idle_memory_read(idles=(0.0, 0.01), nbytes=2**20, repeat=3)
+    assert r["bytes"] == 2**20 and set(r["after_idle_ms"]) == {0.0, 0.01}
+    assert 0 < r["hot_ms"] < 1000 and all(0 < v < 1000 for v in r["after_idle_ms"].values())
 
 
 def test_wake_penalty_times_the_same_burst_hot_and_after_the_pause():

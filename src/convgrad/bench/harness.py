@@ -172,6 +172,32 @@ def wake_penalty(threads: int, pause: float, burst_ms: float = 5.0, repeat: int 
             "after_pause_ms": statistics.median(after)}
 
 
+def idle_memory_read(idles=(0.15, 1.0), nbytes: int = 16 * 2**20, repeat: int = 5) -> dict:
+    """How long reading ``nbytes`` of an array takes back to back and after it has sat
+    untouched for each of ``idles`` seconds (medians of ``repeat``).  In a run every
+    party's arrays sit idle while the other parties are timed (about the number of
+    parties x (pause + call) between two of its calls); on a host that makes idle
+    memory slow to touch again (measured 2026-11-26: 16 MiB read in 2.4 ms after 0.02 s
+    idle, 8.4 ms after 0.15 s, 36 ms after 1 s), each call pays for the bytes it touches
+    far more than its bandwidth figure says, for every party."""
+    a = np.ones(nbytes // 4, np.float32)
+    a.sum()
+
+    def read() -> float:
+        t = time.perf_counter()
+        a.sum()
+        return (time.perf_counter() - t) * 1e3
+    hot = statistics.median(read() for _ in range(repeat))
+    after = {}
+    for idle in idles:
+        ts = []
+        for _ in range(repeat):
+            time.sleep(idle)
+            ts.append(read())
+        after[idle] = statistics.median(ts)
+    return {"bytes": nbytes, "hot_ms": hot, "after_idle_ms": after}
+
+
 def copy_bandwidth(nbytes: int = 256 * 2**20, repeat: int = 5) -> dict:
     """Median GB/s of a NumPy copy of a large float32 array (read + written bytes)."""
     src = np.ones(nbytes // 4, np.float32)
@@ -566,7 +592,8 @@ def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repe
         record["thread_settings"]["numpy_blas"] = blas
         record["ceilings"] = ({"gemm": gemm_ceiling(), "copy": copy_bandwidth(),
                                "fma": fma_peak(threads),
-                               "wake": wake_penalty(threads, pause)} if ceilings else {})
+                               "wake": wake_penalty(threads, pause),
+                               "idle_memory": idle_memory_read()} if ceilings else {})
         if progress:
             progress(0, len(problems), "starting")
         for i, (lay, op) in enumerate(problems):

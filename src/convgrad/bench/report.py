@@ -94,6 +94,14 @@ def markdown(record: dict) -> str:
                          f"{wake['threads']} threads takes {wake['after_pause_ms']:.2f} ms "
                          f"against {wake['hot_ms']:.2f} ms back to back (medians); every timed "
                          "call starts in that state, so short calls are slowed for every party.")
+        idle = ceil.get("idle_memory")
+        if idle:
+            after = ", ".join(f"{ms:.1f} ms after {float(s)} s" for s, ms in
+                              sorted(idle["after_idle_ms"].items(), key=lambda kv: float(kv[0])))
+            lines.append(f"- Memory left idle: reading {idle['bytes'] / 2**20:.0f} MiB takes "
+                         f"{idle['hot_ms']:.1f} ms back to back, {after} untouched (medians); "
+                         "a party's arrays sit idle while the others are timed, so every call "
+                         "pays for the bytes it touches more than the bandwidth says.")
     if "geomean_ratio" in summ:
         lines.append(f"- **Geometric mean of (fastest peer time / convgrad time): "
                      f"{summ['geomean_ratio']:.3f}** over {summ['compared']} problems "
