@@ -70,39 +70,14 @@ void cg_cfw_run(const CfwProblem* P, int64_t k, float* scratch) {
     float* cr[64];
     const float* xr[64];       // a tile's rows: x at the first position of the first line
     int64_t dr[64];            // and the dw row ((t * C) + c) each adds into
-    int64_t bst = 0;           // an output block of the panel (per group of lines)
     // few channels (C < mr): the rows of several taps w (same kd, kh) share a tile
-    const int taps = C < mr && !(cg_engine_dbg & 256) ? (int)std::min<int64_t>(mr / C, 64 / C) : 1;
-    // m rows over np positions of nj lines from the panel at Bt, every block of o
-    auto sweep = [&](int m, int64_t np, int64_t nj, const float* Bt) {
-        // calls of at most CFW_SUM positions (lines x positions): a sum's float32
-        // rounding grows with its length (the general kernel's chunks are at most
-        // 512 positions too)
-        const int64_t lstep = np >= CFW_SUM ? 1 : std::max<int64_t>(1, CFW_SUM / np);
-        const int64_t pstep = np >= CFW_SUM ? CFW_SUM : np;
-        const int bmax = gemm_blocks(m, nv);
-        for (int64_t b = b0; b < b1;) {
-            const int bk = (int)std::min<int64_t>(bmax, b1 - b);
-            const int nvalid = (int)std::min<int64_t>(bk * NB, O - b * NB);
-            for (int i = 0; i < m; i++) cr[i] = dw + dr[i] * O + b * NB;
-            for (int64_t j = 0; j < nj; j += lstep)
-                for (int64_t p = 0; p < np; p += pstep) {
-                    for (int i = 0; i < m; i++)
-                        ar[i] = xr[i] + j * P->s[1] * P->xs[3] + p * P->s[2];
-                    fns[(m - 1) * BMAX + (bk - 1)](
-                        std::min(pstep, np - p), std::min(lstep, nj - j), ar, P->s[2],
-                        P->s[1] * P->xs[3], Bt + (b - b0) * bst + j * bw + p * NB, bst, bw,
-                        cr, nvalid);
-                }
-            b += bk;
-        }
-    };
+    const int taps = C < mr && !(cg_engine_dbg & 256) ? mr / (int)C : 1;   // (<= mr rows)
     for (int64_t l = task[0]; l < task[1];) {
         const int64_t n = l / (P->M[0] * P->M[1]);
         const int64_t od = (l / P->M[1]) % P->M[0];
         const int64_t oh0 = l % P->M[1];
         const int64_t nl = std::min({P->lines, task[1] - l, P->M[1] - oh0});
-        bst = nl * bw;
+        const int64_t bst = nl * bw;                     // an output block of the panel
         // dy rows of the lines, blocks [b0, b1) -> panel[b - b0][j][w][NB]
         for (int64_t b = b0; b < b1; b++) {
             for (int64_t j = 0; j < nl; j++) {
@@ -111,6 +86,30 @@ void cg_cfw_run(const CfwProblem* P, int64_t k, float* scratch) {
                                       src + b * NB * P->ys[1], P->ys[1], Mw, NB, O - b * NB);
             }
         }
+        // m rows over np positions of nj lines from the panel at Bt, every block of o
+        auto sweep = [&](int m, int64_t np, int64_t nj, const float* Bt) {
+            // calls of at most CFW_SUM positions (lines x positions): a sum's float32
+            // rounding grows with its length (the general kernel's chunks are at most
+            // 512 positions too)
+            const int64_t lstep = np >= CFW_SUM ? 1 : std::max<int64_t>(1, CFW_SUM / np);
+            const int64_t pstep = np >= CFW_SUM ? CFW_SUM : np;
+            const int bmax = gemm_blocks(m, nv);
+            for (int64_t b = b0; b < b1;) {
+                const int bk = (int)std::min<int64_t>(bmax, b1 - b);
+                const int nvalid = (int)std::min<int64_t>(bk * NB, O - b * NB);
+                for (int i = 0; i < m; i++) cr[i] = dw + dr[i] * O + b * NB;
+                for (int64_t j = 0; j < nj; j += lstep)
+                    for (int64_t p = 0; p < np; p += pstep) {
+                        for (int i = 0; i < m; i++)
+                            ar[i] = xr[i] + j * P->s[1] * P->xs[3] + p * P->s[2];
+                        fns[(m - 1) * BMAX + (bk - 1)](
+                            std::min(pstep, np - p), std::min(lstep, nj - j), ar, P->s[2],
+                            P->s[1] * P->xs[3], Bt + (b - b0) * bst + j * bw + p * NB, bst, bw,
+                            cr, nvalid);
+                    }
+                b += bk;
+            }
+        };
         for (int64_t kd = 0; kd < P->K[0]; kd++) {
             const int64_t dd = od * P->s[0] + kd * P->d[0] - P->pb[0];
             if (dd < 0 || dd >= P->L[0]) continue;

@@ -853,12 +853,12 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
     // the w taps by stride phase (kw ascending within one), so that the taps of a phase
     // meet in the loop below and share tiles (with w stride 2, taps in kw order
     // alternate phases: ResNet's conv1 ran one 3-channel tap a tile)
+    auto phase = [&](int64_t kw) { return (((kw * dwl - pbw) % sw) + sw) % sw; };
     std::vector<int64_t> kword(Kw);
     for (int64_t kw = 0; kw < Kw; kw++) kword[kw] = kw;
     if (!(cg_engine_dbg & 256))
-        std::stable_sort(kword.begin(), kword.end(), [&](int64_t u, int64_t v) {
-            return (((u * dwl - pbw) % sw) + sw) % sw < (((v * dwl - pbw) % sw) + sw) % sw;
-        });
+        std::stable_sort(kword.begin(), kword.end(),
+                         [&](int64_t u, int64_t v) { return phase(u) < phase(v); });
     std::vector<int64_t> keys;
     const float* frow[64];
     float* fout[64];
@@ -950,7 +950,7 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
                                     const int64_t t = (kd * P->K[1] + kh) * Kw + kw;
                                     if (t < tlo || t >= thi) continue;
                                     const int64_t off = kw * dwl - pbw;
-                                    r = ((off % sw) + sw) % sw;
+                                    r = phase(kw);
                                     q = (off - r) / sw;
                                     valid_range(Mw, sw, off, Lw, a, b);
                                     a = std::max(a, w0);
