@@ -234,10 +234,9 @@ def test_results_do_not_depend_on_the_thread_count(rng, monkeypatch):
 @pytest.mark.parametrize("isa", ISAS)
 def test_streaming_stores_into_recycled_results(isa, rng, monkeypatch):
     """Forward and data gradient results whose memory comes back from the pool are
-    written with streaming stores where a tile fills whole cache lines and sums >= 128
-    products per output, plain stores elsewhere (here the data gradient's stride phase
-    with one tap: 64 products); the values are the same, and a fresh result is written
-    with plain stores."""
+    written with streaming stores where a tile fills whole cache lines, however few
+    products it sums (here the data gradient's stride phase with one tap: 64 products);
+    the values are the same, and a fresh result is written with plain stores."""
     from convgrad.kernels import _results
     monkeypatch.setattr(_results, "STREAM_MIN_BYTES", 0)
     monkeypatch.setattr(_results, "MIN_BYTES", 0)
@@ -257,6 +256,34 @@ def test_streaming_stores_into_recycled_results(isa, rng, monkeypatch):
             assert_close(dx, want[2], np.float32)
             del y, dx
     assert decided == [False, False, True, True, True, True]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_channels_first_pointwise_results_stream_into_recycled_memory(isa, rng, monkeypatch):
+    """A channels-first 1x1 forward or data gradient (a correlation whose pixels are
+    channels, rows of a sample's positions) streams into recycled result memory whose
+    rows are whole cache lines, and writes a fresh result with plain stores; same
+    values either way."""
+    from convgrad.kernels import _results
+    monkeypatch.setattr(_results, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(_results, "MIN_BYTES", 0)
+    seen = []
+    real = native._corr
+    monkeypatch.setattr(native, "_corr", lambda *a: seen.append(a[-1]) or real(*a))
+    case = _geometry(2, c=48, o=40, size=16, k=1, pb=0, pe=0, n=2)
+    x, w, dy = make_arrays(case, rng, np.float32, False)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    want = reference_results(case, x, w, dy)
+    _results.clear()
+    with convgrad.config(algo="native", isa=isa, threads=1):
+        for _ in range(2):
+            y = convgrad.conv_forward(x, w, **kw)
+            dx = convgrad.conv_data_grad(w, dy, x.shape, **kw)
+            assert_close(y, want[0], np.float32)
+            assert_close(dx, want[2], np.float32)
+            del y, dx
+    # one _corr call per sample: fresh results first, then the recycled ones
+    assert seen == [False] * 4 + [True] * 4
 
 
 @pytest.mark.parametrize("isa", ISAS)

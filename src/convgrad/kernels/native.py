@@ -822,7 +822,8 @@ def _pixel_grid(m: int) -> tuple[int, int]:
     return h, m // h
 
 
-def _transposed_pointwise(eng: Engine, a_of, b_of, outs, threads: int) -> None:
+def _transposed_pointwise(eng: Engine, a_of, b_of, outs, threads: int,
+                          stream: bool = False) -> None:
     """Channels-first 1x1 problems as correlations whose pixels are channels: for
     every sample k, ``outs[k]`` (M, B) = ``a_of(k)`` (M, A) @ ``b_of(k)`` (A, B), a
     sample's positions being the correlation's channels (contiguous in NCX memory:
@@ -844,7 +845,7 @@ def _transposed_pointwise(eng: Engine, a_of, b_of, outs, threads: int) -> None:
         es = b3.itemsize
         weights = _weights(eng, b3, a, b, b3.strides[1] // es, b3.strides[2] // es, 0, 1,
                            plan.nv, t_in)
-        _corr(eng, plan, inp, out, weights, t_in)
+        _corr(eng, plan, inp, out, weights, t_in, stream)
     if per_sample:
         _pool.run_each([lambda lo=lo, hi=hi: [one(k) for k in range(lo, hi)]
                         for lo, hi in _pool.split(n, threads)], threads)
@@ -958,7 +959,9 @@ def _corr_into(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray, geom:
             # @ dy[n] (O, P)
             ins, outs = cf
             w2 = _weights_2d(w)[0].T if kind == "fwd" else _weights_2d(w)[0]
-            _transposed_pointwise(eng, lambda k: w2, lambda k: ins[k], outs, threads)
+            stream = (_results.recycled(out) and out.nbytes >= _results.STREAM_MIN_BYTES
+                      and all(o.ctypes.data % 64 == 0 and o.strides[0] % 64 == 0 for o in outs))
+            _transposed_pointwise(eng, lambda k: w2, lambda k: ins[k], outs, threads, stream)
             return out
         # (a recomputation of a few lines reads its input in place)
         inp = _stationary_input(inp, geom, kind, eng.vl)

@@ -127,12 +127,6 @@ void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t
     }
 }
 
-// Tiles summing fewer products per output than this keep plain stores even where
-// streaming ones are allowed: ResNet-50 res2's 1x1 data gradient (64 products) ran
-// level or 1.05-1.1x slower with streaming stores, res3's stride-2 one (128-512 per
-// phase) 1.06-1.10x faster, DCGAN's 4x4 stride-2 one (1024) 1.05x (2 threads).
-constexpr int64_t CORR_STREAM_MIN_SUM = 128;
-
 typedef void (*corr_fn)(int, const float* const*, const float* const*, int64_t, int64_t,
                         int64_t, float* const*, int64_t, int, bool, int64_t);
 
@@ -305,7 +299,12 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
     // transposed / converted into place line by line
     const bool obuf = P->ostride[4] != 1 || P->out_dtype != F32;
     const int64_t ochan = obuf ? 1 : P->ostride[4];
-    // streaming stores only where a tile's stores fill whole cache lines
+    // streaming stores only where a tile's stores fill whole cache lines; however few
+    // products a tile sums (2026-11-26, Sapphire Rapids, 2 threads, alternating, debug
+    // bit 0 for A/B: ResNet-50 res2's 1x1 data gradient, 64 products per output, 1.22x
+    // faster with them after the benchmark's pause and hot, 1.24x / 1.48x on the AVX2
+    // build; on a Zen 3 they had measured level to 1.1x slower there, and kept plain
+    // stores below 128 products)
     const bool stream = P->stream && !obuf && NB * 4 % 64 == 0 && !(cg_engine_dbg & 1);
 
     std::vector<int64_t> keys;
@@ -456,7 +455,7 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                                 for (int i = 0; i < r; i++) oo[i] = optr[i] + ob * NB * ochan;
                                 fns[(r - 1) * BMAX + (b - 1)](
                                     ntp, xt.data(), wt.data(), P->wob, P->wc, cin_g, oo, ochan,
-                                    nvalid, stream && ntp * cin_g >= CORR_STREAM_MIN_SUM, reps);
+                                    nvalid, stream, reps);
                                 ob += b * reps;
                             }
                         }
