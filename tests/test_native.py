@@ -811,6 +811,72 @@ def test_a_library_whose_files_were_built_for_different_isas_is_refused():
         assert fn().decode() == eng.isa
 
 
+# (rank, channels, outputs, size, kernel, groups, samples, channels first, partials budget):
+# each reaches one way the engine's weight-gradient tasks own their part of the result
+WGRAD_TASK_MODES = {
+    "partials": (2, 16, 24, 12, 3, 1, 2, False, None),
+    "one-chunk": (1, 16, 24, 40, 3, 1, 1, False, None),
+    "split-taps": (2, 16, 80, 9, 3, 1, 2, False, 0),
+    "split-blocks-groups": (1, 48, 192, 400, 1, 3, 2, False, 0),
+    "channels-first-partials": (2, 16, 24, 12, 3, 1, 2, True, None),
+    "channels-first-one-chunk": (1, 16, 24, 40, 3, 1, 1, True, None),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(WGRAD_TASK_MODES))
+def test_weight_gradient_tasks_zero_what_they_add_into(mode, rng, monkeypatch):
+    """The engine's weight-gradient tasks zero the part of the result (or the partial
+    gradient) they add into themselves: a result in recycled memory full of NaN, every
+    way of cutting the work (partials summed by cg_sum_parts, one chunk, whole taps per
+    task, output blocks per task across groups, the channels-first kernel) gives the
+    reference, and the same bits as the first call."""
+    from convgrad.geometry import make_geometry
+    from convgrad.kernels import _results
+    r, c, o, size, k, groups, n, cfirst, partials = WGRAD_TASK_MODES[mode]
+    monkeypatch.setattr(_results, "MIN_BYTES", 0)
+    if partials is not None:
+        monkeypatch.setattr(native, "PARTIALS_BYTES", partials)
+    case = _geometry(r, c=c, o=o, size=size, k=k, groups=groups, n=n)
+    geom = make_geometry("test", **case)
+    x64 = rng.standard_normal((n, c) + (size,) * r)
+    dy64 = rng.standard_normal((n, o) + case["out_sizes"])
+    if cfirst:          # channels-last views of channels-first memory
+        x, dy = (np.moveaxis(a.astype(np.float32), 1, -1) for a in (x64, dy64))
+    else:
+        x, dy = (np.ascontiguousarray(np.moveaxis(a, 1, -1), np.float32) for a in (x64, dy64))
+    ref = naive.wgrad(x64.astype(np.float32).astype(np.float64),
+                      dy64.astype(np.float32).astype(np.float64), case["kernel"],
+                      strides=case["strides"], dilations=case["dilations"],
+                      pads_begin=case["pads_begin"], groups=groups)       # OIX
+    want = np.moveaxis(ref, (0, 1), (-1, -2))                             # (*K, C/G, O)
+    _results.clear()
+    for threads in (1, 2, 3):         # (2: "split-blocks-groups" has a task across groups)
+        with convgrad.config(threads=threads):
+            first = native.wgrad(x, dy, geom)
+            bits = first.copy()
+            first[...] = np.nan
+            del first
+            again = native.wgrad(x, dy, geom)
+        assert _results.recycled(again)
+        np.testing.assert_array_equal(again, bits)
+        assert_close(again, want, np.float32)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_partial_sums_add_in_numpy_order(isa, rng):
+    """cg_sum_parts sums partial gradients in NumPy's add.reduce order (the same bits),
+    NaN and Inf included, over ranges that split vectors anywhere."""
+    parts = rng.standard_normal((5, 3 * 4096 + 37)).astype(np.float32)
+    parts[1, 7], parts[2, 8], parts[3, 8], parts[4, 9000] = np.nan, np.inf, -np.inf, np.inf
+    with np.errstate(invalid="ignore"):
+        want = np.add.reduce(parts, axis=0)
+    with convgrad.config(isa=isa):
+        for threads in (1, 2, 3):
+            out = np.full(parts.shape[1], 7.0, np.float32)
+            native._sum_parts(native.engine(), parts, out, threads)
+            np.testing.assert_array_equal(out, want)
+
+
 @pytest.mark.parametrize("kernel", ["native", "winograd"])
 def test_weight_gradients_are_computed_into_recycled_memory(kernel, rng):
     """A weight gradient of 1 MiB or more is zeroed and summed in memory from the result

@@ -109,6 +109,8 @@ CORR_FLAT_BELOW = 6
 # if they take at most PARTIALS_BYTES, else the output channels are split.
 WGRAD_CHUNKS = 8
 PARTIALS_BYTES = 8 * 2**20
+# partial gradients are summed (_sum_parts) in ranges of whole blocks of this many floats
+SUM_BLOCK = 4096
 
 
 class _Tensor(ctypes.Structure):
@@ -154,6 +156,11 @@ class _Wgrad(ctypes.Structure):
                 ("items", ctypes.c_void_p)]
 
 
+class _PartsSum(ctypes.Structure):
+    _fields_ = [("parts", ctypes.c_void_p), ("n", _I64), ("stride", _I64),
+                ("out", ctypes.c_void_p)]
+
+
 # The engine's source files (native/*.cpp), each reporting the build it was compiled for.
 UNITS = ("engine", "grouped", "winograd", "pool", "cfwgrad")
 
@@ -191,6 +198,7 @@ class Engine:
                 ("cg_wgrad_scratch", i64, [vp, i64, i64]),
                 ("cg_wgrad_run", None, [vp, i64, i64, i64, i64, i64, i64, vp, vp]),
                 ("cg_wgrad_run_shared", None, [vp, vp, i64, vp, vp]),
+                ("cg_sum_parts", None, [vp, i64, i64]),
                 ("cg_pack_panels", None, [vp, i64, i64, i64, i64, i64, i64, i64, i64, i64, vp,
                                           i64, i64]),
                 ("cg_permute", None, [vp, vp, i64, vp, vp, vp, i64, i64]),
@@ -541,6 +549,23 @@ def _shared(eng: Engine, fn: str, before: tuple, after: tuple, ntasks: int, thre
     buf, per_thread = _pool.thread_scratch("native-pack", need, n)
     _pool.run_native(eng.lib, fn, [(*before, counter.ctypes.data, *after)] * n, n, per_thread)
     del counter, buf
+
+
+def _sum_parts(eng: Engine, parts: np.ndarray, out: np.ndarray, threads: int) -> None:
+    """``out`` (C-contiguous float32) = ``parts[0] + parts[1] + ...`` summed in that
+    order, as ``np.add.reduce(parts, axis=0)`` sums (the same bits, NaN and Inf
+    included, and no warnings), ranges of elements on the engine's threads: partial
+    weight gradients (megabytes, summed after the benchmark's pause single-threaded
+    at a fraction of the bandwidth)."""
+    n = out.size
+    prob = _PartsSum(parts.ctypes.data, parts.shape[0], parts.strides[0] // 4, out.ctypes.data)
+    pp = ctypes.addressof(prob)
+    blocks = -(-n // SUM_BLOCK)
+    threads = max(1, min(threads, blocks))
+    ranges = _pool.split(blocks, 4 * threads) if threads > 1 else [(0, blocks)]
+    _pool.run_native(eng.lib, "cg_sum_parts",
+                     [(pp, lo * SUM_BLOCK, min(n, hi * SUM_BLOCK)) for lo, hi in ranges], threads)
+    del prob
 
 
 def _threads(flops: int) -> int:
@@ -1126,11 +1151,12 @@ def _cf_wgrad(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, dw
     panel_lines = max(1, CFW_PANEL_FLOATS // (m3[2] * nob * nb))
     chunks = _cf_wgrad_chunks(geom)
     parts = None
+    # (each task zeroes the gradient or partial it adds into first)
     if chunks == 1:
-        tasks = [(0, lines, 0, nob, dw.ctypes.data, 0)]
+        tasks = [(0, lines, 0, nob, dw.ctypes.data, 1)]
     else:
-        parts = scratch("native-partials", (chunks, dw.size), np.float32, zero=True)
-        tasks = [(lo, hi, 0, nob, parts[i].ctypes.data, 0)
+        parts = scratch("native-partials", (chunks, dw.size), np.float32, zero=False)
+        tasks = [(lo, hi, 0, nob, parts[i].ctypes.data, 1)
                  for i, (lo, hi) in enumerate(_pool.split(lines, chunks))]
     table = _i64(tasks).reshape(-1, 6)
     prob = _Cfw(x.ctypes.data, dy.ctypes.data, (_I64 * 4)(*strides4(x)),
@@ -1143,8 +1169,7 @@ def _cf_wgrad(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, dw
     _pool.run_native(eng.lib, "cg_cfw_run", [(pp, k) for k in range(len(tasks))], n,
                      per_thread)
     if parts is not None:
-        with np.errstate(invalid="ignore", over="ignore"):     # (Inf - Inf: NaN, D17)
-            np.add.reduce(parts, axis=0, out=dw.reshape(-1))
+        _sum_parts(eng, parts, dw, threads)
     del prob, buf, table
 
 
@@ -1152,19 +1177,22 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32."""
     eng = engine()
     G, cg = geom.groups, geom.c // geom.groups
-    result = _results.zeros((*geom.kernel, cg, geom.o), np.float32)   # (kernels add into it)
-    if result.size == 0 or x.size == 0 or dy.size == 0:
-        return result
+    shape = (*geom.kernel, cg, geom.o)
+    if math.prod(shape) == 0 or x.size == 0 or dy.size == 0:
+        return _results.zeros(shape, np.float32)
+    # (the kernels' tasks zero the parts they add into, in parallel, just before: a
+    # separate zeroing pass over a 9.4 MB gradient took 3 ms after the benchmark's pause)
     threads = _threads(geom.flops)
     if (CF_WGRAD and G == 1 and _channels_first(x) and _channels_first(dy)
             and not (_plain_pointwise(geom) and POINTWISE_KERNEL) and _cf_wgrad_fits(geom)):
+        result = _results.empty(shape, np.float32)
         _cf_wgrad(eng, x, dy, geom, result, threads)
         return result
     x, dy = (_stationary_input(a, geom, "wgrad", eng.vl) for a in (x, dy))
     cf = _channels_first_pointwise(geom, x, dy)
     if cf is not None and x.dtype == dy.dtype == np.float32 and POINTWISE_KERNEL:
         return _pointwise_wgrad(eng, cf[0].swapaxes(1, 2), cf[1].swapaxes(1, 2), geom,
-                                threads).reshape(result.shape)
+                                threads).reshape(shape)
     if cf is not None:
         # dw^T (O, C) = sum over n, in order, of dy[n] (O, P) @ x[n]^T (P, C): a block
         # of one sample per thread at a time, so the sums never depend on threads
@@ -1178,9 +1206,10 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
                                   parts[:k], threads)
             for j in range(k):
                 acc += parts[j]
-        return acc.T.reshape(result.shape)
+        return acc.T.reshape(shape)
     if not (_is_packed(x) or _is_packed(dy)):     # (converted lines stay short)
         geom, (x, dy) = _pointwise(geom, x, dy)
+    result = _results.empty(shape, np.float32)
     dw = result.reshape(*geom.kernel, cg, geom.o)
     budgets = _budgets(threads)
     plan = wgrad_plan(geom, eng.vl, eng.mr_of, (budgets[2], WGRAD_MIN_CHUNK, WGRAD_MAX_CHUNK,
@@ -1199,24 +1228,25 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     # split outputs: each task reads (and converts, for NCX or 16-bit callers) every
     # position, so fewer tasks when that costs a conversion
     nsplit = threads if (_is_packed(x) or _is_packed(dy)) else 2 * threads
+    # (every task zeroes the part of dw, or the partial, it adds into: the 1 at the end)
     if plan.split_outputs and ntap >= nsplit:
         # whole taps per task: every x panel is packed by one task only
-        tasks = [(0, nitems, 0, nblocks, lo, hi, dw.ctypes.data)
+        tasks = [(0, nitems, 0, nblocks, lo, hi, dw.ctypes.data, 1)
                  for lo, hi in _pool.split(ntap, nsplit)]
     elif plan.split_outputs:
-        tasks = [(0, nitems, lo, hi, 0, ntap, dw.ctypes.data)
+        tasks = [(0, nitems, lo, hi, 0, ntap, dw.ctypes.data, 1)
                  for lo, hi in _pool.split(nblocks, nsplit)]
     elif plan.chunks == 1:
-        tasks = [(0, nitems, 0, nblocks, 0, ntap, dw.ctypes.data)]
+        tasks = [(0, nitems, 0, nblocks, 0, ntap, dw.ctypes.data, 1)]
     else:
-        parts = scratch("native-partials", (plan.chunks, dw.size), np.float32, zero=True)
-        tasks = [(lo, hi, 0, nblocks, 0, ntap, parts[i].ctypes.data)
+        parts = scratch("native-partials", (plan.chunks, dw.size), np.float32, zero=False)
+        tasks = [(lo, hi, 0, nblocks, 0, ntap, parts[i].ctypes.data, 1)
                  for i, (lo, hi) in enumerate(_pool.split(nitems, plan.chunks))]
     tasks_a = _i64(tasks)
     need = int(eng.lib.cg_wgrad_scratch(pp, 0, nitems))
     _shared(eng, "cg_wgrad_run_shared", (pp,), (len(tasks), tasks_a.ctypes.data), len(tasks),
             threads, need)
     if not plan.split_outputs and plan.chunks > 1:
-        np.add.reduce(parts, axis=0, out=dw.reshape(-1))
+        _sum_parts(eng, parts, result, threads)
     del prob
     return result

@@ -735,9 +735,11 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     eng = native.engine()
     lib = _lib(eng)
     G, cg = geom.groups, geom.c // geom.groups
-    dw = _results.zeros((*geom.kernel, cg, geom.o), np.float32)
-    if dw.size == 0 or x.size == 0 or dy.size == 0:
-        return dw
+    shape = (*geom.kernel, cg, geom.o)
+    if math.prod(shape) == 0 or x.size == 0 or dy.size == 0:
+        return _results.zeros(shape, np.float32)
+    # (cg_wino_wgrad_finish stores every element of every box, and the boxes cover dw)
+    dw = _results.empty(shape, np.float32)
     threads = native._threads(geom.flops)
     m = tile_size(geom, "wgrad")
     plan = wgrad_plan(geom, eng.vl, m, _wgrad_budgets())

@@ -620,12 +620,23 @@ int64_t cg_wgrad_scratch(const WgradProblem* P, int64_t lo, int64_t hi);
 void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, int64_t obhi,
                   int64_t tlo, int64_t thi, float* dw, float* scratch);
 
-// Tasks [0, n), each (lo, hi, oblo, obhi, tlo, thi, address of its dw or partial): the
-// items [lo, hi) for the output blocks [oblo, obhi) and the taps [tlo, thi), shared by
+// Tasks [0, n), each (lo, hi, oblo, obhi, tlo, thi, address of its dw or partial, zero):
+// the items [lo, hi) for the output blocks [oblo, obhi) and the taps [tlo, thi), shared by
 // the threads calling this at once through the atomic counter *next (see
 // cg_corr_run_shared); every task writes its own output, so who runs it does not matter.
+// zero != 0: the task first zeroes the part of its dw it adds into (taps x blocks).
 void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const int64_t* tasks,
                          float* scratch);
+
+// out[i] = parts[0][i] + parts[1][i] + ... + parts[n - 1][i] (in that order, as NumPy's
+// add.reduce over the first axis sums) for i in [lo, hi): partial gradients (``stride``
+// floats apart) summed by the pool's threads, a range each.
+struct PartsSum {
+    const float* parts;
+    int64_t n, stride;
+    float* out;
+};
+void cg_sum_parts(const PartsSum* P, int64_t lo, int64_t hi);
 
 }  // extern "C"
 
@@ -1096,8 +1107,31 @@ void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const 
     for (;;) {
         const int64_t k = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
         if (k >= n) return;
-        const int64_t* t = tasks + 7 * k;
-        cg_wgrad_run(P, t[0], t[1], t[2], t[3], t[4], t[5], (float*)(intptr_t)t[6], scratch);
+        const int64_t* t = tasks + 8 * k;
+        float* dw = (float*)(intptr_t)t[6];
+        if (t[7]) {
+            const int64_t og = P->O / P->groups, cg = P->C / P->groups;
+            zero_blocks(dw + t[4] * cg * P->O, (t[5] - t[4]) * cg, P->O, og, P->nv * VL, t[2],
+                        t[3]);
+        }
+        cg_wgrad_run(P, t[0], t[1], t[2], t[3], t[4], t[5], dw, scratch);
+    }
+}
+
+void cg_sum_parts(const PartsSum* P, int64_t lo, int64_t hi) {
+    const float* parts = P->parts;
+    const int64_t n = P->n, stride = P->stride;
+    float* out = P->out;
+    int64_t i = lo;
+    for (; i + VL <= hi; i += VL) {
+        vf acc = load(parts + i);
+        for (int64_t q = 1; q < n; q++) acc += load(parts + q * stride + i);
+        store(out + i, acc);
+    }
+    for (; i < hi; i++) {
+        float acc = parts[i];
+        for (int64_t q = 1; q < n; q++) acc += parts[q * stride + i];
+        out[i] = acc;
     }
 }
 
