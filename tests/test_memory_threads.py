@@ -59,6 +59,51 @@ def test_default_workspace_is_a_fraction_of_available_memory(monkeypatch):
     assert settings.workspace_bytes() == settings.FALLBACK_WORKSPACE_BYTES
 
 
+def test_available_memory_readings_are_reused_and_coarse(monkeypatch):
+    """A MemAvailable reading serves for AVAILABLE_TTL seconds (after a pause of the
+    process, reading /proc/meminfo cost a call 0.6-1.5 ms), rounded down to its
+    AVAILABLE_BITS leading bits so that the default budget derived from it (and the
+    chooser's decisions, keyed by that budget) stays put from one reading to the next;
+    a call that needs more than 1/ADMIT_FRESH of the reading is admitted on a fresh
+    one."""
+    reads = []
+    values = iter([(3 << 30) + 12345, (3 << 30) + 99999, 5000, 5000])
+
+    def read():
+        reads.append(1)
+        return next(values)
+
+    monkeypatch.setattr(memory, "_read_available", read)
+    memory.refresh_available()
+    first = memory.available_bytes()
+    assert first == 3 << 30 and len(reads) == 1              # 7 leading bits kept
+    assert memory.available_bytes() == first and len(reads) == 1
+    clock = [100.0]
+    monkeypatch.setattr(memory.time, "monotonic", lambda: clock[0])
+    memory.refresh_available()
+    assert memory.available_bytes() == 3 << 30 and len(reads) == 2
+    clock[0] += memory.AVAILABLE_TTL * 0.9
+    assert memory.available_bytes() == 3 << 30 and len(reads) == 2
+    clock[0] += memory.AVAILABLE_TTL * 0.2                   # too old: read again
+    assert memory.available_bytes() == 4992 and len(reads) == 3    # 5000 -> 7 bits
+    # a small call is admitted on the reading it has; a large one reads afresh (and
+    # is refused on the fresh value here)
+    x = np.ones((1, 1, 4), np.float32)
+    w = np.ones((1, 1, 1), np.float32)
+    geom = make_geometry("t", n=1, c=1, o=1, groups=1, in_sizes=(4,), kernel=(1,),
+                         out_sizes=(4,), strides=(1,), dilations=(1,), pads_begin=(0,),
+                         pads_end=(0,))
+    memory.admit("t", "fwd", x, w, geom, np.float32)
+    assert len(reads) == 3
+    big = make_geometry("t", n=1, c=1, o=1, groups=1, in_sizes=(2000,), kernel=(1,),
+                        out_sizes=(2000,), strides=(1,), dilations=(1,), pads_begin=(0,),
+                        pads_end=(0,))
+    with pytest.raises(MemoryLimitError):
+        memory.admit("t", "fwd", np.ones((1, 1, 2000), np.float32), w, big, np.float32)
+    assert len(reads) == 4
+    memory.refresh_available()
+
+
 def test_available_memory_falls_back_without_proc(monkeypatch):
     real_open = open
 

@@ -33,21 +33,39 @@ class MemoryLimitError(ConvGradError, MemoryError):
 
 
 # A reading is reused for this long (seconds): reading /proc/meminfo costs about
-# 70 us, a tenth of a small call, and memory rarely changes much faster.
-AVAILABLE_TTL = 0.05
+# 70 us hot, and 0.6-1.5 ms in a call that follows a pause of the process (the
+# kernel's memory counters are cold by then: measured after the benchmark's 0.15 s
+# pause), while the memory a machine has free rarely changes that fast.  A call that
+# needs more than 1/ADMIT_FRESH of a reading is admitted on a fresh one (admit).
+AVAILABLE_TTL = 5.0
+ADMIT_FRESH = 4
+# Readings keep their 7 leading bits (a relative precision of 1/64 or better), so
+# that what is derived from them -- the default workspace budget, and with it the
+# kernel chooser's cached decisions -- stays the same from one reading to the next.
+AVAILABLE_BITS = 7
 _last_reading: tuple[float, int | None] = (-1e9, None)
 
 
 def available_bytes() -> int | None:
-    """Memory the machine can give this process now, in bytes (None if unknown);
-    a reading at most ``AVAILABLE_TTL`` seconds old."""
+    """Memory the machine can give this process now, in bytes (None if unknown),
+    rounded down to its ``AVAILABLE_BITS`` leading bits; a reading at most
+    ``AVAILABLE_TTL`` seconds old."""
     global _last_reading
     now = time.monotonic()
     if now - _last_reading[0] < AVAILABLE_TTL:
         return _last_reading[1]
     value = _read_available()
+    if value is not None:
+        shift = max(0, value.bit_length() - AVAILABLE_BITS)
+        value = value >> shift << shift
     _last_reading = (now, value)
     return value
+
+
+def refresh_available() -> None:
+    """Make the next :func:`available_bytes` read the memory afresh."""
+    global _last_reading
+    _last_reading = (-1e9, None)
 
 
 def _read_available() -> int | None:
@@ -103,6 +121,9 @@ def admit(op: str, kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
     parts = minimum_bytes(kind, a, b, geom, dtype, compute_dtype(dtype))
     need = sum(parts.values())
     avail = available_bytes()
+    if avail is not None and need * ADMIT_FRESH > avail:
+        refresh_available()            # (a large call: decided on a fresh reading)
+        avail = available_bytes()
     if avail is None or need <= avail:
         return
     detail = ", ".join(f"{k} {_fmt(v)}" for k, v in parts.items())
