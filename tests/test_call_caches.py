@@ -104,3 +104,84 @@ def test_a_call_description_is_per_layout(rng):
     second = ops.describe("dgrad", w, nxc, geom, np.float32)
     assert first.b.layouts == frozenset({"ncx"}) and second.b.layouts == frozenset({"nxc"})
     assert ops.describe("dgrad", w, a, geom, np.float32) == first
+
+
+def _selects(monkeypatch):
+    """The kernels ``kernels.select`` picks from now on (a list that grows)."""
+    seen = []
+    real = kernels.select
+
+    def spy(*args, **kwargs):
+        k = real(*args, **kwargs)
+        seen.append(k.name)
+        return k
+    monkeypatch.setattr(kernels, "select", spy)
+    return seen
+
+
+def test_a_repeated_call_runs_the_kernel_its_plan_kept(rng, monkeypatch):
+    """The second of two calls alike (shapes, strides, dtypes, settings) runs what the
+    first decided without choosing again; the same call under other settings, with
+    arrays of other strides, or after the registry changed decides afresh."""
+    dy, w = _depthwise(rng)
+    shape = [2, 9, 9, 24]
+    want = _reference(dy, w, shape, [1, 1])
+
+    def call(d=dy):
+        return onednn.convolution_backward_data(d, w, shape, strides=[1, 1], groups=24,
+                                                **ATTRS)
+    call()
+    seen = _selects(monkeypatch)
+    for _ in range(3):
+        np.testing.assert_allclose(call(), want, rtol=1e-5, atol=1e-5)
+    assert seen == []
+    with convgrad.config(algo="im2col"):              # other settings: decided again
+        np.testing.assert_allclose(call(), want, rtol=1e-5, atol=1e-5)
+    assert seen == ["im2col"]
+    with convgrad.config(threads=1):
+        call()
+    assert len(seen) == 2
+    ncx_memory = np.moveaxis(np.ascontiguousarray(np.moveaxis(dy, -1, 1)), 1, -1)
+    np.testing.assert_allclose(call(ncx_memory), want, rtol=1e-5, atol=1e-5)
+    assert len(seen) == 3
+    call()
+    assert len(seen) == 3                              # (all of them still kept)
+    kernels.register(kernels.select("dgrad", make_geometry(
+        "t", n=1, c=1, o=1, groups=1, in_sizes=(3,), kernel=(1,), out_sizes=(3,),
+        strides=(1,), dilations=(1,), pads_begin=(0,), pads_end=(0,)), np.float32, "direct"))
+    seen.clear()
+    np.testing.assert_allclose(call(), want, rtol=1e-5, atol=1e-5)
+    assert len(seen) == 1                              # a new registry: decided again
+
+
+def test_a_repeated_call_is_admitted_again(rng, monkeypatch):
+    """A call decided before is still refused when the memory it needs is no longer
+    there, with the same message."""
+    from convgrad import memory
+    dy, w = _depthwise(rng)
+
+    def call():
+        return onednn.convolution_backward_data(dy, w, [2, 9, 9, 24], strides=[1, 1],
+                                                groups=24, **ATTRS)
+    call()
+    call()
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1000)
+    with pytest.raises(memory.MemoryLimitError, match="but only 1000 B"):
+        call()
+
+
+def test_repeated_calls_with_a_bias_add_it_each_time(rng):
+    """The runner a plan keeps adds the bias of each call (and leaves the caller's
+    arrays as they were)."""
+    x = rng.standard_normal((2, 8, 8, 6)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 6, 5)).astype(np.float32)
+    kw = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1])
+    with convgrad.config(algo="reference"):
+        plain = onednn.convolution(x, w, **kw)
+    for k in range(3):
+        bias = np.full(5, float(k), np.float32)
+        keep = (x.copy(), w.copy(), bias.copy())
+        got = onednn.convolution(x, w, bias, **kw)
+        np.testing.assert_allclose(got, plain + k, rtol=1e-5, atol=1e-5)
+        for a, b in zip((x, w, bias), keep):
+            np.testing.assert_array_equal(a, b)

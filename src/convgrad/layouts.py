@@ -26,6 +26,7 @@ the compute dtype in one pass.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -74,7 +75,15 @@ class DataLayout:
 def _inverse(perm) -> tuple[int, ...]:
     """The inverse permutation, as a tuple of ints (NumPy and Dask arrays
     both take it)."""
-    return tuple(int(i) for i in np.argsort(perm))
+    return _inverse_of(tuple(perm))
+
+
+@functools.lru_cache(maxsize=64)
+def _inverse_of(perm: tuple) -> tuple[int, ...]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
 
 
 NCX = DataLayout("NCX")

@@ -112,11 +112,22 @@ def minimum_bytes(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
     return parts
 
 
+def admit_again(need: int, op: str, kind: str, a: np.ndarray, b: np.ndarray,
+                geom: ConvGeometry, dtype) -> None:
+    """:func:`admit` for a call whose minimum working set ``need`` is known (the same
+    call admitted before): nothing to do while the memory reading at hand has room
+    for it ``ADMIT_FRESH`` times over, else the whole check on a fresh reading."""
+    avail = available_bytes()
+    if avail is None or need * ADMIT_FRESH <= avail:
+        return
+    admit(op, kind, a, b, geom, dtype)
+
+
 def admit(op: str, kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
-          dtype) -> None:
+          dtype) -> int:
     """Raise MemoryLimitError if the minimum working set of ``ops.compute(kind,
-    a, b, geom, dtype)`` exceeds the available memory; do nothing otherwise
-    (or when the available memory is unknown)."""
+    a, b, geom, dtype)`` exceeds the available memory; otherwise (or when the
+    available memory is unknown) return that working set, in bytes."""
     dtype = np.dtype(dtype)
     parts = minimum_bytes(kind, a, b, geom, dtype, compute_dtype(dtype))
     need = sum(parts.values())
@@ -125,7 +136,7 @@ def admit(op: str, kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
         refresh_available()            # (a large call: decided on a fresh reading)
         avail = available_bytes()
     if avail is None or need <= avail:
-        return
+        return need
     detail = ", ".join(f"{k} {_fmt(v)}" for k, v in parts.items())
     raise MemoryLimitError(
         f"{op}: output shape = {list(getattr(geom, OUTPUT_SHAPES[kind]))}: needs at least "

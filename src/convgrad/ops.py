@@ -18,6 +18,8 @@ Its data gradient is ``fwd``.  No other kernel exists.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from . import kernels, settings
@@ -41,13 +43,40 @@ def compute(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
     back in ``dtype`` itself, rounded once by a kernel that writes it (the
     caller then casts nothing).
     """
-    cdt = compute_dtype(np.dtype(dtype))
     with settings.workspace_fixed():
-        call = describe(kind, a, b, geom, dtype, result_layouts, result_in_dtype)
-        kernel = kernels.select(kind, geom, cdt, settings.algo(), call=call)
-        out_dtype = (np.dtype(dtype) if result_in_dtype and kernel.half_io and kind != "wgrad"
-                     and np.dtype(dtype) != cdt and np.dtype(cdt) == np.float32 else None)
-        return run_kernel(kernel, a, b, geom, cdt, out_dtype)
+        return prepare(kind, a, b, geom, dtype, result_layouts, result_in_dtype).run(a, b)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What :func:`compute` decides for a call -- the kernel, and what
+    :func:`run_kernel` does around it -- made once: it holds for every call with
+    inputs of the same shapes, strides and dtypes under the same settings and the
+    same registry (the front-ends keep it for those: ``Plan.run``)."""
+
+    kernel: kernels.Kernel
+    geom: ConvGeometry
+    cdt: np.dtype
+    out_dtype: np.dtype | None
+    whole: tuple[bool, bool]
+
+    def run(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return run_kernel(self.kernel, a, b, self.geom, self.cdt, self.out_dtype, self.whole)
+
+
+def prepare(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry, dtype: np.dtype,
+            result_layouts=kernels.ANY_LAYOUT, result_in_dtype: bool = False) -> Prepared:
+    """The decisions of :func:`compute` for this call (made within its workspace
+    budget: call it inside ``settings.workspace_fixed()``)."""
+    cdt = compute_dtype(np.dtype(dtype))
+    call = describe(kind, a, b, geom, dtype, result_layouts, result_in_dtype)
+    kernel = kernels.select(kind, geom, cdt, settings.algo(), call=call)
+    out_dtype = (np.dtype(dtype) if result_in_dtype and kernel.half_io and kind != "wgrad"
+                 and np.dtype(dtype) != cdt and np.dtype(cdt) == np.float32 else None)
+    whole = (kernels.converted_whole(describe(kind, a, b, geom, cdt), "nxc")
+             if kernel.layout == "nxc" and kernel.converts and not kernel.half_io
+             else (False, False))
+    return Prepared(kernel, geom, cdt, out_dtype, whole)
 
 
 def describe(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry, dtype,
@@ -87,18 +116,22 @@ def operand(t: np.ndarray, is_weights: bool) -> kernels.Operand:
 
 
 def run_kernel(kernel: kernels.Kernel, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
-               cdt: np.dtype, out_dtype=None) -> np.ndarray:
+               cdt: np.dtype, out_dtype=None, whole: tuple[bool, bool] | None = None
+               ) -> np.ndarray:
     """Run one kernel on canonical views, converting to and from its layout
-    (``out_dtype``: a half_io kernel's result dtype, see :func:`compute`)."""
+    (``out_dtype``: a half_io kernel's result dtype, see :func:`compute`;
+    ``whole``: :func:`kernels.converted_whole` of the call, when known)."""
     kind = kernel.op
     if kernel.layout == "ncx":
         a, b = _in_compute_dtype(a, cdt), _in_compute_dtype(b, cdt)
         return kernel.fn(a, b, geom)
     # Channels last: a view of a channels-last caller array is contiguous
     # again here, so NXC/XIO callers pay no layout copy.
-    whole = (kernels.converted_whole(describe(kind, a, b, geom, cdt), "nxc")
-             if kernel.converts and not kernel.half_io else (False, False))
-    a, b = (to_nxc(t, is_w) for t, is_w in zip((a, b), _WEIGHT_ARGS[kind]))
+    if whole is None:
+        whole = (kernels.converted_whole(describe(kind, a, b, geom, cdt), "nxc")
+                 if kernel.converts and not kernel.half_io else (False, False))
+    wa, wb = _WEIGHT_ARGS[kind]
+    a, b = to_nxc(a, wa), to_nxc(b, wb)
     if not kernel.converts or np.dtype(cdt).kind != "f":
         a, b = _in_compute_dtype(a, cdt), _in_compute_dtype(b, cdt)
     elif kernel.half_io:
@@ -137,15 +170,17 @@ _WEIGHT_ARGS = {"fwd": (False, True), "wgrad": (False, False), "dgrad": (True, F
 def to_nxc(t: np.ndarray, is_weights: bool) -> np.ndarray:
     """Canonical view -> channels-last view: ``(N, C, *S) -> (N, *S, C)``,
     ``(O, C/G, *K) -> (*K, C/G, O)``."""
-    r = t.ndim
-    if is_weights:
-        return t.transpose(*range(2, r), 1, 0)
-    return np.moveaxis(t, 1, -1)
+    return t.transpose(_TO_NXC[is_weights, t.ndim])
 
 
 def from_nxc(t: np.ndarray, is_weights: bool) -> np.ndarray:
     """The inverse view of :func:`to_nxc`."""
-    r = t.ndim
-    if is_weights:
-        return t.transpose(r - 1, r - 2, *range(r - 2))
-    return np.moveaxis(t, -1, 1)
+    return t.transpose(_FROM_NXC[is_weights, t.ndim])
+
+
+# the axis orders of to_nxc / from_nxc by (weights?, rank) (np.moveaxis, which the data
+# views took, costs a dozen Python calls)
+_TO_NXC = {(w, r): ((*range(2, r), 1, 0) if w else (0, *range(2, r), 1))
+           for w in (False, True) for r in range(2, 9)}
+_FROM_NXC = {(w, r): ((r - 1, r - 2, *range(r - 2)) if w else (0, r - 1, *range(1, r - 1)))
+             for w in (False, True) for r in range(2, 9)}

@@ -80,6 +80,14 @@ def workspace_fixed():
         _workspace.reset(token)
 
 
+def key() -> tuple:
+    """Every setting of the current context, as a key (the workspace budget as it is
+    now: set, or the default from the memory reading at hand)."""
+    value = _workspace.get()
+    return (_algo.get(), default_workspace_bytes() if value is None else value,
+            _threads.get(), _isa.get(), _precision.get())
+
+
 def threads() -> int | None:
     """The thread count set with ``config(threads=...)``, None for the default.
     Kernels that run thread pools of their own use at most this many threads."""

@@ -135,7 +135,10 @@ def _function(path: str):
 
 class KernelSpy:
     """Within the block, records each kernel ``ops.compute`` selects, with its
-    estimate and the call: ``seen`` is a list of (name, estimate, call)."""
+    estimate and the call: ``seen`` is a list of (name, estimate, call).  Entering it
+    forgets the decisions made before (``kernels.clear_choices``), so that a call
+    repeated in the block selects its kernel again instead of running the one its
+    plan kept."""
 
     def __init__(self):
         from .. import kernels
@@ -150,6 +153,7 @@ class KernelSpy:
             return kernel
 
         self.kernels.select = select
+        self.kernels.clear_choices()
         return self
 
     def __exit__(self, *exc):

@@ -18,12 +18,12 @@ import collections
 import functools
 import inspect
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from .. import layouts, memory, ops
+from .. import kernels, layouts, memory, ops, settings
 from ..dtypes import as_array, common_dtype
 from ..errors import fail
 from ..geometry import ConvGeometry, MAX_DIM
@@ -70,21 +70,49 @@ class Plan:
     out_shape: tuple[int, ...]
     allow_int: bool = False
     result_layouts: frozenset = frozenset({"ncx", "nxc"})
+    # the runners of this plan's recent calls, by their arrays' names, strides and
+    # dtypes and by the settings (see run)
+    _runners: dict = field(default_factory=dict, repr=False, compare=False)
 
     def run(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        """The result of the call with these arrays (shaped as the plan says).
+
+        What the call decides from its arrays' strides and dtypes and from the
+        settings -- its dtype, what admission needs, the kernel and what happens
+        around it (``ops.prepare``) -- is kept in a :class:`_Runner` for the next
+        calls that bring the same (a training loop; the same kernel registry, see
+        ``kernels.generation``): after a pause of the process, the Python the
+        decisions take cost a call milliseconds, each of its objects and lines of
+        code cold again."""
+        key = (tuple([(name, a.strides, a.dtype) for name, a in arrays.items()]),
+               settings.key())
+        runner = self._runners.get(key)
+        if runner is None or runner.generation != kernels.generation():
+            runner = self._runner(arrays)
+            if len(self._runners) >= _RUNNERS_MAX:
+                self._runners.clear()
+            self._runners[key] = runner
+        return runner(arrays)
+
+    def _runner(self, arrays: dict[str, np.ndarray]) -> "_Runner":
         dtype = common_dtype(self.op, arrays, allow_int=self.allow_int)
-        canon = {role: to_c(arrays[name]) for name, (role, to_c) in self.roles.items()
-                 if name in arrays}
-        a, b = {"fwd": ("x", "w"), "wgrad": ("x", "dy"), "dgrad": ("w", "dy")}[self.kind]
-        memory.admit(self.op, self.kind, canon[a], canon[b], self.geom, dtype)
+        names = {role: name for name, (role, _) in self.roles.items() if name in arrays}
+        canon = {role: self.roles[name][1](arrays[name]) for role, name in names.items()}
+        a, b = _OPERANDS[self.kind]
+        need = memory.admit(self.op, self.kind, canon[a], canon[b], self.geom, dtype)
         # a float16/bfloat16 result rounded once where it is stored, unless a bias
         # is still to be added in the compute dtype
-        out = ops.compute(self.kind, canon[a], canon[b], self.geom, dtype,
-                          result_layouts=self.result_layouts,
-                          result_in_dtype="bias" not in canon)
-        if "bias" in canon:
-            bias = canon["bias"].astype(out.dtype)
-            out += bias.reshape((1, -1) + (1,) * self.geom.spatial_rank)
+        with settings.workspace_fixed():
+            prepared = ops.prepare(self.kind, canon[a], canon[b], self.geom, dtype,
+                                   result_layouts=self.result_layouts,
+                                   result_in_dtype="bias" not in canon)
+        return _Runner(self, dtype, names[a], names[b], names.get("bias"), need, prepared,
+                       kernels.generation())
+
+    def finish(self, out: np.ndarray, dtype: np.dtype, bias: np.ndarray | None) -> np.ndarray:
+        """The canonical result of a kernel (compute dtype) as the caller gets it."""
+        if bias is not None:
+            out += bias.astype(out.dtype).reshape((1, -1) + (1,) * self.geom.spatial_rank)
         out = self.from_canonical(out)
         assert out.shape == self.out_shape, (out.shape, self.out_shape)
         if out.dtype != dtype and dtype.kind == "f" and self.kind == "wgrad":
@@ -92,6 +120,38 @@ class Plan:
             out = layouts.contiguous(out)
         out = cast_result(out, dtype, order="C")
         return _owner(layouts.contiguous(out))
+
+
+_OPERANDS = {"fwd": ("x", "w"), "wgrad": ("x", "dy"), "dgrad": ("w", "dy")}
+# runners kept per plan (a call's arrays come in a few stride patterns at most)
+_RUNNERS_MAX = 8
+
+
+@dataclass(frozen=True)
+class _Runner:
+    """One call of a plan, decided (``Plan.run``): its arrays in the canonical views,
+    admission against the memory reading at hand (a fresh one for a call that needs a
+    large share of it: ``memory.admit_again``), the prepared kernel in the workspace
+    budget it was chosen for, the result back in the spec layout and dtype."""
+
+    plan: Plan
+    dtype: np.dtype
+    a: str
+    b: str
+    bias: str | None
+    need: int
+    prepared: ops.Prepared
+    generation: int
+
+    def __call__(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        plan, roles = self.plan, self.plan.roles
+        a = roles[self.a][1](arrays[self.a])
+        b = roles[self.b][1](arrays[self.b])
+        memory.admit_again(self.need, plan.op, plan.kind, a, b, plan.geom, self.dtype)
+        with settings.workspace_fixed():
+            out = self.prepared.run(a, b)
+        bias = None if self.bias is None else roles[self.bias][1](arrays[self.bias])
+        return plan.finish(out, self.dtype, bias)
 
 
 def cast_result(out: np.ndarray, dtype: np.dtype, *, order: str = "K") -> np.ndarray:

@@ -208,8 +208,21 @@ def within_budget(ranked: list[Kernel], call: Call) -> Kernel:
 
 
 def clear_choices() -> None:
-    """Forget the chooser's cached decisions (:func:`select`)."""
+    """Forget the chooser's cached decisions (:func:`select`), and every decision made
+    from them elsewhere (:func:`generation` changes)."""
+    global _generation
     _decided.cache_clear()
+    _generation += 1
+
+
+_generation = 0
+
+
+def generation() -> int:
+    """A number that changes whenever the chooser's decisions are forgotten (a kernel
+    registered, :func:`clear_choices`): decisions kept outside this module
+    (``ops.Prepared`` in a front-end's plan) hold only while it stays the same."""
+    return _generation
 
 
 def select(op: str, geom: ConvGeometry, dtype, algo: str = "auto", *,

@@ -367,10 +367,10 @@ def _budgets(threads: int) -> tuple[int, int, int, int]:
     weight-gradient panels) and the bytes of partial weight gradients: the
     cache-sized defaults, less when the workspace budget (settings.workspace_bytes)
     is smaller than they would take."""
-    from .. import settings
-    per = max(64 * 2**10, settings.workspace_bytes() // (2 * max(1, threads)))
+    budget = settings.workspace_bytes()
+    per = max(64 * 2**10, budget // (2 * max(1, threads)))
     return (min(PACK_BYTES, per // 2), min(CORR_OUT_BYTES, per // 2),
-            min(WGRAD_PANEL_BYTES, per), min(PARTIALS_BYTES, settings.workspace_bytes() // 4))
+            min(WGRAD_PANEL_BYTES, per), min(PARTIALS_BYTES, budget // 4))
 
 
 def workspace(geom: ConvGeometry, op: str) -> dict[str, int]:
