@@ -36,7 +36,8 @@ MODULE = {"torch": "torch", "tensorflow": "tensorflow", "jax": "jax", "openvino"
 
 
 def _all_parties():
-    return P.default_parties(dtypes=("float32", "float16", "bfloat16"),
+    return P.default_parties([f for f in P.FAMILIES if f != "copy"],
+                             dtypes=("float32", "float16", "bfloat16"),
                              low_precision_layouts=("NXC", "NCX"))
 
 
@@ -134,6 +135,37 @@ def test_wrong_party_is_failed_and_not_timed():
     assert r["status"] == "ok" and len(r["times_ms"]) == 3 and r["max_rel_err"] == 0
     assert right.calls == 1 + 2 + 3
     assert z["status"] == "unsupported" and "ZeroDivisionError" in z["error"]
+
+
+def test_copy_party_moves_a_depthwise_rows_bytes(tmp_path):
+    """The copy pseudo-party is timed on depthwise rows only, in the same rotation, moves
+    the row's bytes (half read, half written), is never convgrad's best nor a peer, and
+    the report sets convgrad's time against it."""
+    from convgrad.kernels import native
+    if native.available() is not None:
+        pytest.skip("the copy party runs on the native engine")
+    src = np.arange(1000, dtype=np.float32)
+    dst = np.zeros_like(src)
+    np.testing.assert_array_equal(native.parallel_copy(dst, src, 3), src)
+    record = run_benchmark(layers=[TINY[2], TINY[1]], parties=["convgrad", "copy"], repeat=3,
+                           warmup=0, out_dir=tmp_path, ceilings=False, pause=0.0,
+                           memory=False, scaling=None)
+    md = (tmp_path / "benchmark.md").read_text()
+    assert len(record["results"]) == 4
+    for e in record["results"]:
+        assert "copy" not in _table(md)[(e["layer"], e["op"])]
+        if not e["depthwise"]:
+            assert e["parties"]["copy"]["status"] == "unsupported" and "copy_ms" not in e
+            continue
+        copy = e["parties"]["copy"]
+        assert copy["status"] == "ok" and len(copy["times_ms"]) == 3
+        assert e["convgrad_best"].startswith("convgrad") and e["fastest_peer"] is None
+        assert e["copy_ms"] == copy["ms"]
+        assert e["copy_fraction"] == copy["ms"] / e["convgrad_ms"]
+        row = [ln for ln in md.split("## Depthwise")[1].splitlines()
+               if ln.startswith(f"| {e['layer']} | {e['op']} |")][0]
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[6] == f"{copy['ms']:.2f}" and cells[7] == f"{100 * e['copy_fraction']:.0f}"
 
 
 def _table(md):

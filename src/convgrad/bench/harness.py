@@ -385,6 +385,10 @@ def run_problem(layer: Layer, op: str, parties: list[Party], *, repeat: int, war
             status = "error" if not party.is_peer else "unsupported"
             res.update(status=status, error=_error_text(exc))
             continue
+        if not party.checked:
+            res["status"] = "ok"
+            ready.append((party, prepared, res))
+            continue
         if key not in refs:
             refs[key] = reference(layer, op, pinputs)
         err = relative_error(got, refs[key])
@@ -439,11 +443,18 @@ def _ms(entry, name):
     return res.get("ms") if res.get("status") == "ok" else None
 
 
+def _is_convgrad(res: dict) -> bool:
+    """Whether a party's result entry is convgrad's (records before the copy party have
+    no family: every party that was not a peer was convgrad)."""
+    family = res.get("family")
+    return family == "convgrad" if family is not None else not res["peer"]
+
+
 def summarize_entry(entry: dict, ceilings: dict) -> None:
     """Add convgrad best, fastest peer, ratio, fractions of the ceilings and 16-bit ratios."""
     parties = entry["parties"]
     timed = {n: r["ms"] for n, r in parties.items() if r.get("status") == "ok" and "ms" in r}
-    cg = {n: t for n, t in timed.items() if not parties[n]["peer"]
+    cg = {n: t for n, t in timed.items() if _is_convgrad(parties[n])
           and parties[n]["dtype"] == "float32"}
     peers = {n: t for n, t in timed.items() if parties[n]["peer"]}
     best = min(cg, key=cg.get) if cg else None
@@ -469,12 +480,17 @@ def summarize_entry(entry: dict, ceilings: dict) -> None:
         gbps = entry["io_bytes"] / (cg[best] / 1e3) / 1e9
         entry["convgrad_gbps"] = gbps
         entry["bandwidth_fraction"] = gbps / bw if bw else None
+        copy = [t for n, t in timed.items() if parties[n].get("family") == "copy"]
+        if copy:
+            # the same bytes moved by a plain copy in the same rotation, after the same pause
+            entry["copy_ms"] = copy[0]
+            entry["copy_fraction"] = copy[0] / cg[best]
     if fastest:
         entry["fastest_peer_gflops"] = entry["flops"] / (peers[fastest] / 1e3) / 1e9
         entry["peer_peak_fraction"] = entry["fastest_peer_gflops"] / peak if peak else None
     entry["dtype_ratio"] = {}
     for dt in ("float16", "bfloat16"):
-        names = {n: t for n, t in timed.items() if not parties[n]["peer"]
+        names = {n: t for n, t in timed.items() if _is_convgrad(parties[n])
                  and parties[n]["dtype"] == dt}
         if names and best:
             entry["dtype_ratio"][dt] = min(names.values()) / cg[best]

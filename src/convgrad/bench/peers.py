@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 OPS = ("wgrad", "dgrad")
-FAMILIES = ("convgrad", "torch", "tensorflow", "jax", "openvino", "onnxruntime")
+FAMILIES = ("convgrad", "torch", "tensorflow", "jax", "openvino", "onnxruntime", "copy")
 
 
 class Unsupported(Exception):
@@ -154,6 +154,7 @@ class Party:
     ops = OPS
     dtype = "float32"
     is_peer = True
+    checked = True        # its result is compared with the float64 reference
 
     def available(self) -> str | None:
         """None when importable, else the reason."""
@@ -534,6 +535,36 @@ class OnnxRuntimeParty(Party):
 # Threads and the set of parties
 
 
+class CopyParty(Party):
+    """Not a convolution: a copy of as many bytes as a memory-bound (depthwise) row must
+    read and write -- half of them read, half written -- on the engine's threads, timed
+    in the same rotation as the parties: what moving those bytes takes in the run's
+    state (after the same pause, its buffers idle as long as every party's arrays).
+    Depthwise rows only; its result is not a convolution, so it is not checked."""
+
+    name = "copy"
+    family = "copy"
+    is_peer = False
+    checked = False
+
+    def __init__(self, threads: int = 2):
+        self.threads = threads
+
+    def available(self) -> str | None:
+        from ..kernels import native
+        return native.available()
+
+    def prepare(self, layer, op, inputs):
+        if not layer.depthwise:
+            raise Unsupported("the copy is timed on depthwise (memory-bound) rows only")
+        from ..kernels import native
+        n = layer.io_bytes(op) // 8
+        src, dst = np.ones(n, np.float32), np.zeros(n, np.float32)
+        threads = self.threads
+        return Prepared(run=lambda: native.parallel_copy(dst, src, threads),
+                        to_canonical=lambda r: r, info={"inputs": (src,)})
+
+
 def configure_threads(threads: int, families=FAMILIES) -> dict:
     """Set the thread count of every framework of ``families`` to ``threads``;
     returns what was set.
@@ -609,4 +640,6 @@ def default_parties(families=None, dtypes=("float32",), threads: int = 2,
         out.append(OpenVINOParty(threads))
     if "onnxruntime" in fams:
         out.append(OnnxRuntimeParty(threads))
+    if "copy" in fams:
+        out.append(CopyParty(threads))
     return out

@@ -39,7 +39,7 @@ def _columns(record: dict) -> list[str]:
     names = record["parties"]
     cg = [n for n in names if n.startswith("convgrad") and n.count(" ") == 1]
     peers = [n for n in PEER_COLUMNS if n in names]
-    others = [n for n in names if n not in cg and n not in peers
+    others = [n for n in names if n not in cg and n not in peers and n != "copy"
               and not (n.startswith("convgrad") and n.count(" ") > 1)]
     return cg + peers + others
 
@@ -139,13 +139,18 @@ def markdown(record: dict) -> str:
     if dw:
         lines += ["", "## Depthwise layers: memory-bound", "",
                   "GB/s = bytes that must be read and written (x or w, dy, and the result, "
-                  "float32) / time.", "",
+                  "float32) / time; % of copy bandwidth: of the 256 MiB copy in the header "
+                  "(back to back); copy ms: the same bytes moved by a plain copy on the "
+                  "engine's threads, timed in the row's rotation after the same pause (half "
+                  "read, half written), and % of it: copy ms / convgrad ms.", "",
                   "| layer | op | MB moved | convgrad ms | convgrad GB/s | % of copy bandwidth "
-                  "| fastest peer ms |", "|---|---|--:|--:|--:|--:|--:|"]
+                  "| copy ms | % of the copy's speed | fastest peer ms |",
+                  "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
         for e in dw:
             lines.append(f"| {e['layer']} | {e['op']} | {e['io_bytes'] / 1e6:.1f} | "
                          f"{_f(e.get('convgrad_ms'), '.2f')} | {_f(e.get('convgrad_gbps'), '.2f')}"
-                         f" | {_f(None if e.get('bandwidth_fraction') is None else 100 * e['bandwidth_fraction'], '.0f')}"  # noqa: E501
+                         f" | {_pct(e.get('bandwidth_fraction'))}"
+                         f" | {_f(e.get('copy_ms'), '.2f')} | {_pct(e.get('copy_fraction'))}"
                          f" | {_f(e.get('fastest_peer_ms'), '.2f')} |")
 
     dts = [d for d in record["dtypes"] if d != "float32"]
