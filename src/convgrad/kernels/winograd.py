@@ -244,18 +244,43 @@ def preferred(geom: ConvGeometry, op: str) -> bool:
     :data:`ERROR_BOUND`, unless ``config(precision="highest")``."""
     if settings.precision() == "highest" or axes(geom) is None or geom.flops == 0:
         return False
-    return _preferred(geom, op, tile_size(geom, op))
+    vl = native.engine().vl if native.available() is None else 8
+    return _preferred(geom, op, tile_size(geom, op), vl)
 
 
 @functools.lru_cache(maxsize=1024)
-def _preferred(geom: ConvGeometry, op: str, m: int) -> bool:
-    """:func:`preferred` at the default precision with tiles of m (pure: cached per
-    problem)."""
+def _preferred(geom: ConvGeometry, op: str, m: int, vl: int = 8) -> bool:
+    """:func:`preferred` at the default precision with tiles of m, for the engine build
+    of ``vl`` floats a vector (pure: cached per problem)."""
     if error_estimate(geom, op, m) > ERROR_BOUND:
         return False
     if op == "wgrad" and wgrad_tiles(geom, m) < WGRAD_MIN_TILES:
         return False
+    if op == "wgrad" and vl >= 16 and wgrad_sums_bytes(geom, m) > WGRAD_MAX_SUMS_BYTES:
+        return False
     return speedup_estimate(geom, op, m) >= SPEEDUP_MARGIN
+
+
+# A weight gradient adds every block of tiles' products into one set of sums per
+# transform point (points x channels in x channels out floats, per partial); where that
+# set outgrows a core's L2, each block of tiles streams it from L3 or memory, and on the
+# AVX-512 build the direct kernels (twice the AVX2 build's lanes) then win.  Measured
+# 2026-11-26 on a Sapphire Rapids (2 MiB L2), 2 threads, Winograd against direct,
+# alternating in one process: DeepLab d6 (4 MiB of sums) 1.28x slower after the
+# benchmark's pause, level hot, NCX 1.11x slower; ResNet-50 res4 (9.4 MiB) 1.09x / level
+# NCX; below it Winograd stays ahead (res2, 0.6 MiB: 1.33x faster; the 3-D U-Net 0.4 MiB:
+# 2.0x; the TCN 0.4 MiB: 1.7x).  On a Zen 3 (AVX2) DeepLab's Winograd weight gradient was
+# 1.45x faster than direct: the rule holds for AVX-512 builds only.
+WGRAD_MAX_SUMS_BYTES = 2 * 2**20
+
+
+def wgrad_sums_bytes(geom: ConvGeometry, m: int | None = None) -> int:
+    """Bytes of one set of a weight gradient's sums: transform points (x depth taps) x
+    input channels of a group x output channels."""
+    m = m or tile_size(geom, "wgrad")
+    kd = geom.kernel[0] if geom.spatial_rank == 3 else 1
+    points = (m + 2) ** 2 if axes(geom) == 2 else m + 2
+    return 4 * points * kd * (geom.c // geom.groups) * geom.o
 
 
 # A weight gradient sums its products over the tiles: with few tiles its GEMMs are too
