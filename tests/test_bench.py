@@ -137,6 +137,18 @@ def test_wrong_party_is_failed_and_not_timed():
     assert z["status"] == "unsupported" and "ZeroDivisionError" in z["error"]
 
 
+def test_no_party_follows_one_of_its_own_library():
+    """In the rotation's order (cyclic) convgrad's parties and the peers alternate: a party
+    right after its sibling found their shared buffers warm."""
+    for fams, dtypes in ((None, ("float32", "float16", "bfloat16")),
+                         (["convgrad", "torch"], ("float32",)),
+                         (["convgrad", "torch", "jax"], ("float32", "float16"))):
+        names = [p.family for p in P.default_parties(fams, dtypes=dtypes) if p.family != "copy"]
+        pairs = list(zip(names, names[1:] + names[:1]))
+        assert not [a for a, b in pairs if a == b == "convgrad"], names
+        assert ("torch", "torch") not in pairs, names
+
+
 def test_copy_party_moves_a_depthwise_rows_bytes(tmp_path):
     """The copy pseudo-party is timed on depthwise rows only, in the same rotation, moves
     the row's bytes (half read, half written), is never convgrad's best nor a peer, and

@@ -45,6 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--precision", default="default", choices=["default", "highest"],
                    help="convgrad's config(precision=...): 'highest' keeps the direct "
                         "kernels (no Winograd)")
+    p.add_argument("--order", default="interleaved", choices=["interleaved", "grouped"],
+                   help="the parties' order in the rotation: convgrad's and the peers' in "
+                        "turn (default), or each library's together (the runs before "
+                        "2026-11-26)")
     p.add_argument("--list", action="store_true", help="list the suite's layers and exit")
     return p
 
@@ -71,7 +75,8 @@ def run_args(args: argparse.Namespace, progress=_print_progress) -> int:
                            threads=args.threads, out_dir=args.out, progress=progress,
                            suite=args.suite, memory=not args.no_memory,
                            ceilings=not args.no_ceilings, pause=args.pause,
-                           scaling=_scaling(args), precision=args.precision)
+                           scaling=_scaling(args), precision=args.precision,
+                           order=args.order)
     s = record["summary"]
     if "geomean_ratio" in s:
         print(f"geometric mean of fastest peer / convgrad: {s['geomean_ratio']:.3f} "

@@ -537,7 +537,8 @@ def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repe
                   warmup: int = 1, threads: int = 2, out_dir="benchmarks/results",
                   progress=None, *, suite=None, seed: int = 0, memory: bool = True,
                   ceilings: bool = True, pause: float = 0.15,
-                  scaling: str | None = None, precision: str = "default") -> dict:
+                  scaling: str | None = None, precision: str = "default",
+                  order: str = "interleaved") -> dict:
     """Time convgrad and the installed peers on the suite; return the record.
 
     Parameters
@@ -592,7 +593,7 @@ def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repe
         families = [p for p in parties if isinstance(p, str)]
         objects = [p for p in parties if isinstance(p, Party)]
     thread_settings = configure_threads(threads, FAMILIES if families is None else families)
-    party_list = default_parties(families, dtypes, threads) + objects
+    party_list = default_parties(families, dtypes, threads, order=order) + objects
     names = [p.name for p in party_list]
     if len(set(names)) != len(names):
         raise ValueError(f"party names must be unique, got {names}")
@@ -601,7 +602,8 @@ def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repe
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "machine": machine_info(), "threads": threads, "repeat": repeat, "warmup": warmup,
               "dtypes": list(dtypes), "parties": names, "thread_settings": thread_settings,
-              "pause_s": pause, "tolerance": TOLERANCE, "load_average_start": _loadavg(),
+              "pause_s": pause, "order": order, "tolerance": TOLERANCE,
+              "load_average_start": _loadavg(),
               "precision": precision, "results": []}
     import convgrad
     with _blas_threads(threads) as blas, convgrad.config(precision=precision):

@@ -58,7 +58,11 @@ def markdown(record: dict) -> str:
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".",
         f"- Protocol: medians of {record['repeat']} repetitions after a checked first call and "
         f"{record['warmup']} more warm-up call(s) per party, parties alternating (round-robin) "
-        "within each repetition, inputs prepared outside the timed region, every result checked "
+        "within each repetition ("
+        + ("convgrad's parties and the peers in turn, so that no party follows its own "
+           "library's" if record.get("order", "grouped") == "interleaved"
+           else "each library's parties together") + "), "
+        "inputs prepared outside the timed region, every result checked "
         "against convgrad's float64 "
         "reference before it is timed; "
         f"{record.get('pause_s', 0)} s untimed pause before each timed call.",
