@@ -137,6 +137,28 @@ def test_wrong_party_is_failed_and_not_timed():
     assert z["status"] == "unsupported" and "ZeroDivisionError" in z["error"]
 
 
+def test_best_repetition_ratio_sets_fastest_repetitions_against_each_other():
+    """Beside the ratio of medians, each row's ratio of the parties' fastest repetitions
+    (convgrad's best party against the fastest peer), and their geometric mean."""
+    def party(peer, times, family=None):
+        return {"peer": peer, "dtype": "float32", "family": family or
+                ("torch" if peer else "convgrad"), "status": "ok",
+                "ms": sorted(times)[len(times) // 2], "times_ms": times}
+    entries = []
+    for k, (a, b, c) in enumerate(((4, 9, 9), (5, 5, 8), (3, 12, 12))):
+        entries.append({"layer": f"l{k}", "op": "dgrad", "flops": 1, "io_bytes": 1,
+                        "parties": {"cg A": party(False, [a, 10, 10]),
+                                    "cg B": party(False, [b, 11, 11]),
+                                    "peer": party(True, [c, 6, 7]),
+                                    "copy": party(False, [1, 1, 1], "copy")}})
+    for e in entries:
+        summarize_entry(e, {})
+    assert [e["ratio_best_rep"] for e in entries] == [6 / 4, 6 / 5, 6 / 3]
+    assert [e["ratio"] for e in entries] == [7 / 10, 7 / 10, 7 / 10]
+    geo = math.exp((math.log(1.5) + math.log(1.2) + math.log(2.0)) / 3)
+    assert summarize({"results": entries})["geomean_ratio_best_rep"] == pytest.approx(geo)
+
+
 def test_no_party_follows_one_of_its_own_library():
     """In the rotation's order (cyclic) convgrad's parties and the peers alternate: a party
     right after its sibling found their shared buffers warm."""

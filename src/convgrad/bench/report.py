@@ -111,6 +111,11 @@ def markdown(record: dict) -> str:
                      f"{summ['geomean_ratio']:.3f}** over {summ['compared']} problems "
                      f"(min {summ['min_ratio']:.3f}, max {summ['max_ratio']:.3f}; convgrad "
                      f"at least as fast on {summ['at_least_1']}).")
+        if "geomean_ratio_best_rep" in summ:
+            lines.append(f"- The same from each party's fastest repetition instead of its "
+                         f"median: {summ['geomean_ratio_best_rep']:.3f} (after the pause a "
+                         "call is at times about as fast as back to back, at times much "
+                         "slower, for every party; the medians of a row can land on either).")
         per = [f"{k.upper()} callers {summ[f'geomean_ratio_{k}']:.3f} (min "
                f"{summ[f'min_ratio_{k}']:.3f})" for k in ("nxc", "ncx")
                if f"geomean_ratio_{k}" in summ]
