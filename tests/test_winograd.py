@@ -368,6 +368,33 @@ def test_weight_gradients_whose_sums_outgrow_l2_stay_direct_on_avx512():
     assert kernels.select("wgrad", deeplab, np.float32).name == want
 
 
+@pytest.mark.parametrize("isa", native.info()["loaded"])
+@pytest.mark.parametrize("size,c", [((9, 13), 21), ((5, 8), 16), (70, 13)],
+                         ids=["tails", "whole-blocks", "1d"])
+def test_channels_first_lines_transposed_in_place(isa, size, c, rng):
+    """Channels-first float32 lines reach the kernels' channels-last buffers by 8 x 8
+    transposes straight from the channel rows (engine debug bit 1024: through a staging
+    copy, as before): the same bits on every op, equal to the reference, with channel
+    and pixel counts that leave tails of both."""
+    r = 1 if isinstance(size, int) else 2
+    case = geometry(r, n=2, c=c, o=11, size=size)
+    x, w, dy = make_arrays(case, rng, np.float32, False)        # NCX memory
+    want = reference_results(case, x, w, dy)
+    got = {}
+    with convgrad.config(isa=isa):
+        lib = native.engine().lib
+        try:
+            for bit in (0, 1024):
+                lib.cg_engine_set_dbg(bit)
+                got[bit] = [_winograd_with_tiles(m, case, x, w, dy) for m in (4, 2)]
+        finally:
+            lib.cg_engine_set_dbg(0)
+    for m in range(2):
+        for k in range(3):
+            np.testing.assert_array_equal(got[0][m][k], got[1024][m][k])
+            assert_close(got[0][m][k], want[k], np.float32)
+
+
 def test_small_images_take_the_smaller_tile():
     """4x4 tiles on a 2x2 image compute 16 outputs for 4 (36 products against 16 for a
     2x2 tile); on 6x6, 4 tiles of 4x4 multiply as much as 9 of 2x2 (144 products), and

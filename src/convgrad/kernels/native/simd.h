@@ -38,6 +38,10 @@
 #define CG_ISA_OF(unit) \
     extern "C" const char* cg_isa_##unit(void) { return CG_ISA_NAME; }
 
+// engine.cpp's debug switches, for A/B measurements (bit 10: channels-first float32
+// lines converted through a staging copy, as before 2026-11-26: common.h convert_line)
+extern "C" int64_t cg_engine_dbg;
+
 namespace cg {
 
 constexpr int VL = CG_VL;
