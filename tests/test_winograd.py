@@ -395,6 +395,42 @@ def test_channels_first_lines_transposed_in_place(isa, size, c, rng):
             assert_close(got[0][m][k], want[k], np.float32)
 
 
+@pytest.mark.parametrize("isa", native.info()["loaded"])
+def test_channels_first_results_stream_into_recycled_memory(isa, rng, monkeypatch):
+    """A float32 channels-first Winograd result in recycled memory (64-byte aligned channel
+    rows) takes streaming stores for whole cache lines of a channel's runs: the same bits
+    as plain stores (engine debug bit 2048), equal to the reference; fresh results and
+    misaligned channel rows keep plain stores."""
+    from convgrad.kernels import _results
+    monkeypatch.setattr(_results, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(_results, "MIN_BYTES", 0)
+    decided = []
+    real = winograd._streams_channels
+    monkeypatch.setattr(winograd, "_streams_channels",
+                        lambda out: decided.append(real(out)) or decided[-1])
+    for size, stream in ((128, True), (100, False)):        # 100 floats: rows not aligned
+        case = geometry(1, n=2, c=24, o=16, size=size)
+        x, w, dy = make_arrays(case, rng, np.float32, False)
+        want = reference_results(case, x, w, dy)
+        _results.clear()
+        decided.clear()
+        got = {}
+        with convgrad.config(isa=isa, algo="winograd"):
+            lib = native.engine().lib
+            try:
+                for bit in (0, 2048, 0):
+                    lib.cg_engine_set_dbg(bit)
+                    out = convgrad.conv_data_grad(w, dy, x.shape, **attrs(case))
+                    got.setdefault(bit, []).append(out.copy())
+                    del out                     # (its memory back to the pool)
+            finally:
+                lib.cg_engine_set_dbg(0)
+        assert decided == [False, stream, stream]
+        for out in got[0] + got[2048]:
+            np.testing.assert_array_equal(out, got[0][0])
+        assert_close(got[0][1], want[2], np.float32)
+
+
 def test_small_images_take_the_smaller_tile():
     """4x4 tiles on a 2x2 image compute 16 outputs for 4 (36 products against 16 for a
     2x2 tile); on 6x6, 4 tiles of 4x4 multiply as much as 9 of 2x2 (144 products), and

@@ -77,7 +77,7 @@ class _Wino(ctypes.Structure):
                 ("U", _VP), ("w", _VP), ("wdtype", _I64), ("wst", _I64), ("wsa", _I64),
                 ("wsb", _I64), ("wgs", _I64), ("wflip", _I64), ("cpad", _I64), ("nv", _I64),
                 ("V", _VP), ("vs0", _I64), ("vs1", _I64), ("vd0", _I64), ("vd1", _I64),
-                ("items", _VP), ("bad", _VP)]
+                ("items", _VP), ("bad", _VP), ("stream", _I64)]
 
 
 class _WinoWgrad(ctypes.Structure):
@@ -448,7 +448,17 @@ def _problem(plan: CorrPlan, inp: np.ndarray, w: np.ndarray, out: np.ndarray, U,
                  _tile_geom(plan), U.ctypes.data if U is not None else None,
                  w3.ctypes.data, native.DTYPE_CODES[w3.dtype], w3.strides[0] // es, wsa, wsb,
                  og * so, int(plan.flip), plan.cpad, plan.nv, None, 0, 0, 0, 0,
-                 plan.items.ctypes.data, bad.ctypes.data)
+                 plan.items.ctypes.data, bad.ctypes.data, int(_streams_channels(out)))
+
+
+def _streams_channels(out: np.ndarray) -> bool:
+    """Whether a channels-first float32 result (an (N, *S, C) view whose channels are
+    the outermost axis after N) may take streaming stores for whole cache lines of a
+    channel's runs: a large result in recycled memory (``_results.recycled``), its base
+    and channel rows 64-byte aligned."""
+    return (out.dtype == np.float32 and out.ndim >= 3 and out.strides[-2] == 4
+            and out.strides[-1] % 64 == 0 and out.nbytes >= _results.STREAM_MIN_BYTES
+            and out.ctypes.data % 64 == 0 and _results.recycled(out))
 
 
 def _float32_weights(w: np.ndarray) -> np.ndarray:

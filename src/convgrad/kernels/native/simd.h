@@ -425,9 +425,11 @@ static inline void store_run(void* dst, int64_t dtype, int64_t dstride, const fl
 // u's cn floats are at row(u); channel c's run of un pixels goes to dst + c * cstride
 // elements, pixels pstride elements apart, in dtype.  Whole groups of 8 pixels x 8
 // channels move as 8 x 8 transposes, then each channel is one run.
+// stream: float32 runs of whole cache lines that start on one go out with streaming
+// stores (the caller fences them).
 template <class RowOf>
 inline void store_channel_runs(char* dst, int64_t dtype, int64_t pstride, int64_t cstride,
-                                 RowOf row, int64_t un, int64_t cn) {
+                                 RowOf row, int64_t un, int64_t cn, bool stream = false) {
     alignas(32) float blk[8][64];
     int64_t u = 0;
     if (cn == 8)
@@ -441,6 +443,17 @@ inline void store_channel_runs(char* dst, int64_t dtype, int64_t pstride, int64_
         for (int64_t c = 0; c < cn; c++) blk[c][u] = s[c];
     }
     const int64_t es = dtype == F32 ? 4 : 2;
+    if (stream && dtype == F32 && pstride == 1 && un % 16 == 0) {
+        for (int64_t c = 0; c < cn; c++) {
+            float* d = (float*)(dst + es * c * cstride);
+            if ((uintptr_t)d % 64 != 0) {
+                store_run(d, dtype, pstride, blk[c], un);
+                continue;
+            }
+            for (int64_t i = 0; i < un; i += VL) stream_store(d + i, load(&blk[c][i]));
+        }
+        return;
+    }
     for (int64_t c = 0; c < cn; c++) store_run(dst + es * c * cstride, dtype, pstride, blk[c], un);
 }
 

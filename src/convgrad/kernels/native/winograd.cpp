@@ -282,6 +282,9 @@ struct WinoProblem {
                                // column), first and end output plane, first and end block k
     uint8_t* bad;              // per output line (n, d, h): set when one of its outputs is
                                // not finite (recomputed by the direct kernels: D17)
+    int64_t stream;            // a float32 channels-first result in recycled memory, 64-byte
+                               // aligned channel rows: whole cache lines of a channel's run
+                               // go out with streaming stores (native.py: _results.streams)
 };
 
 // The Winograd weight gradient (winograd.py: _WinoWgrad): dw[t][c][o] = sum over output
@@ -784,6 +787,7 @@ void store_channels_first(const WinoProblem* P, const TileGeom& T, const float* 
                           int64_t nob, int64_t cout_g) {
     constexpr int MH = AX == 2 ? M : 1;
     const int64_t es = P->out_dtype == F32 ? 4 : 2, C = P->Cout;
+    const bool stream = P->stream && !(cg_engine_dbg & 2048);
     static thread_local std::vector<std::pair<int64_t, const float*>> px;
     for (int64_t sa = s0; sa < s1;) {
         // a run of tiles of one tile row (same sample and tile row h0)
@@ -819,7 +823,7 @@ void store_channels_first(const WinoProblem* P, const TileGeom& T, const float* 
                             line + es * (px[a].first * P->ostride[3] + cb * P->ostride[4]),
                             P->out_dtype, P->ostride[3], P->ostride[4],
                             [&](int64_t u) { return px[a + u].second + cb; }, un,
-                            std::min<int64_t>(8, c1 - cb));
+                            std::min<int64_t>(8, c1 - cb), stream);
                     k = kend;
                 }
                 a = e;
@@ -983,6 +987,7 @@ void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
             }
         }
     }
+    if (P->stream) stream_fence();
 }
 
 template <template <int, int> class F, class... Args>
