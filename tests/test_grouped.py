@@ -275,6 +275,7 @@ def test_channels_first_depthwise_gradients_planar(isa, name, rng, monkeypatch):
     monkeypatch.setattr(grouped, "_planar_run", lambda *a: taken.append(a[1]) or planar(*a))
     monkeypatch.setattr(grouped, "PLANAR_MIN_WIDTH", 1)
     monkeypatch.setattr(grouped, "PLANAR_DGRAD_MIN_WIDTH", 1)
+    monkeypatch.setattr(grouped, "_flat", lambda *a: False)    # (its own test below)
     for dtype in (np.float32, np.float16, bfloat16):
         check(CASES[name], rng, isa=isa, channels_last=False, dtype=dtype, threads=2)
     assert sorted(taken) == ["dgrad"] * 3 + ["wgrad"] * 3
@@ -316,6 +317,53 @@ def test_planar_gradients_never_multiply_padding(isa, stride, monkeypatch):
                        dilations=(1,), pads_begin=(1,), groups=2)
     np.testing.assert_array_equal(np.isnan(dx), np.isnan(want))
     assert np.isfinite(dx).any() and np.isnan(dx).any()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("hw,k,d", [((9, 13), 3, 1), ((56, 56), 3, 1), ((1, 40), 3, 1),
+                                    ((2, 3), 5, 1), ((3, 17), 7, 2), ((7,), 3, 1)],
+                         ids=["odd", "mobilenet", "one-row", "tiny", "dilated7x7", "1d"])
+def test_flat_planes_take_same_size_channels_first_depthwise(isa, hw, k, d, rng, monkeypatch):
+    """Channels-first float32 depthwise forward and data gradients of stride 1 whose result
+    has the input's size run on flat planes (cg_flat_corr_run: vectors across row ends,
+    column masks, the rows where a tap leaves the plane pixel by pixel): equal to the
+    reference on planes smaller than a vector, one row, dilations; a NaN and an Inf at row
+    ends (where masked lanes read) reach exactly the outputs the float64 definition gives
+    them (D17).  Channels-last, strided and 16-bit calls do not take them."""
+    taken = []
+    real = grouped._flat_run
+    monkeypatch.setattr(grouped, "_flat_run", lambda *a: taken.append(a[1]) or real(*a))
+    C, n, r = 20, 2, len(hw)
+    p = (k - 1) * d // 2
+    kw = dict(strides=[1] * r, pads_begin=[p] * r, pads_end=[p] * r, dilations=[d] * r,
+              groups=C)
+    x = rng.standard_normal((n, C, *hw)).astype(np.float32)
+    w = rng.standard_normal((C, 1) + (k,) * r).astype(np.float32)
+    dy = rng.standard_normal((n, C, *hw)).astype(np.float32)
+    x[0, 1, ..., -1] = np.nan
+    x[1, 2, ..., 0] = np.inf
+    dy[0, 3, ..., -1] = -np.inf
+    dy[1, 4, ..., 0] = np.nan
+    geo = dict(strides=(1,) * r, dilations=(d,) * r, pads_begin=(p,) * r, groups=C)
+    with np.errstate(invalid="ignore"):               # (Inf - Inf in the reference)
+        want_y = naive.forward(x.astype(np.float64), w.astype(np.float64), hw, **geo)
+        want_dx = naive.dgrad(w.astype(np.float64), dy.astype(np.float64), hw, **geo)
+    with convgrad.config(algo="grouped", isa=isa, threads=2):
+        y = convgrad.conv_forward(x, w, **kw)
+        dx = convgrad.conv_data_grad(w, dy, x.shape, **kw)
+    assert taken == ["fwd", "dgrad"]
+    for got, want in ((y, want_y), (dx, want_dx)):
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+        fin = np.isfinite(want)
+        assert fin.any()
+        assert_close(got[fin], want[fin], np.float32)
+    # channels-last memory, stride 2, float16: other kernels
+    with convgrad.config(algo="grouped", isa=isa):
+        convgrad.conv_data_grad(w, np.moveaxis(np.ascontiguousarray(np.moveaxis(dy, 1, -1)),
+                                               -1, 1), x.shape, **kw)
+        convgrad.conv_data_grad(w.astype(np.float16), dy.astype(np.float16), x.shape, **kw)
+    assert taken == ["fwd", "dgrad"]
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -93,6 +93,12 @@ class _Planar(ctypes.Structure):
                 ("s", _I64 * 3), ("d", _I64 * 3), ("pb", _I64 * 3)]
 
 
+class _Flat(ctypes.Structure):
+    _fields_ = [("src", _VP), ("out", _VP), ("sn", _I64), ("sc", _I64), ("on", _I64),
+                ("oc", _I64), ("w", _VP), ("N", _I64), ("C", _I64), ("H", _I64), ("W", _I64),
+                ("ntap", _I64), ("off", _VP)]
+
+
 _BOUND: dict[str, tuple[int, int]] = {}
 
 
@@ -110,7 +116,9 @@ def _lib(eng: native.Engine):
                                 ("cg_dw_dgrad_run", None, [vp, i64, i64]),
                                 ("cg_planar_scratch", i64, [vp]),
                                 ("cg_planar_wgrad_run", None, [vp, i64, i64, vp]),
-                                ("cg_planar_dgrad_run", None, [vp, i64, i64, vp])):
+                                ("cg_planar_dgrad_run", None, [vp, i64, i64, vp]),
+                                ("cg_flat_scratch", i64, [vp]),
+                                ("cg_flat_corr_run", None, [vp, i64, i64, vp])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         _BOUND[eng.isa] = (id(eng.lib), int(lib.cg_grouped_rmax()))
@@ -525,6 +533,8 @@ def fwd(x: np.ndarray, w: np.ndarray, geom: ConvGeometry, out_dtype=None) -> np.
     if x.size == 0 or w.size == 0:
         y[...] = 0
         return y
+    if _flat(geom, x, y):
+        return _flat_run(_lib(native.engine()), "fwd", x, w, y, geom)
     _run_corr("fwd", x, w, y, geom)
     return y
 
@@ -542,6 +552,8 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> 
     lib = _lib(eng)
     if _streams_depthwise_dgrad(geom, dy, dx, int(lib.cg_dw_dgrad_terms())):
         return _depthwise_dgrad(lib, eng.vl, w, dy, dx, geom)
+    if _flat(geom, dy, dx):
+        return _flat_run(lib, "dgrad", dy, w, dx, geom)
     if _planar(geom, "dgrad", dy, dx):
         return _planar_run(lib, "dgrad", dy, None, w, dx, geom,
                            _threads(dy.nbytes + dx.nbytes))
@@ -699,6 +711,55 @@ def _planar_run(lib, op: str, src: np.ndarray, dy: np.ndarray | None, w: np.ndar
                      [(pp, lo, hi) for lo, hi in _pool.split(geom.c, 4 * threads)],
                      threads, per_thread)
     del prob, wp, buf
+    return out
+
+
+# Flat-plane kernels take taps up to this many (grouped.cpp: FLAT_TAPS).
+FLAT_TAPS = 64
+
+
+def _flat(geom: ConvGeometry, *data: np.ndarray) -> bool:
+    """Whether a depthwise forward or data gradient takes the flat-plane kernel
+    (grouped.cpp: cg_flat_corr_run): one channel per group and multiplier 1, 1-D or 2-D,
+    stride 1, a result the size of the input ("same" padding), source and result float32
+    with each channel's plane contiguous (channels-first memory)."""
+    if (not (geom.groups == geom.c == geom.o) or geom.spatial_rank > 2
+            or any(s != 1 for s in geom.strides) or geom.in_sizes != geom.out_sizes
+            or math.prod(geom.kernel) > FLAT_TAPS):
+        return False
+    plane = math.prod(geom.in_sizes)
+    for a in data:
+        st = a.strides
+        if (a.dtype != np.float32 or st[-2] != 4 or abs(st[-1]) < plane * 4 or st[-1] < 0
+                or (a.ndim == 4 and st[1] != a.shape[2] * 4)):
+            return False
+    return True
+
+
+def _flat_run(lib, op: str, src: np.ndarray, w: np.ndarray, out: np.ndarray,
+              geom: ConvGeometry) -> np.ndarray:
+    """The flat-plane depthwise kernel: a data gradient (or forward) over ranges of the
+    result's planes.  (A weight gradient on flat planes, 9 masked sums a vector, ran
+    0.83-0.85x the planar kernel's speed on MobileNetV2: it keeps the planar one.)"""
+    k2, d2, p2 = (native._pad3(geom.kernel, 1)[1:], native._pad3(geom.dilations, 1)[1:],
+                  native._pad3(geom.pads_begin, 0)[1:])
+    H, W = native._pad3(geom.in_sizes, 1)[1:]
+    sign = -1 if op == "dgrad" else 1      # a data gradient meets dy at -(the forward's)
+    off = np.array([(sign * (kh * d2[0] - p2[0]), sign * (kw * d2[1] - p2[1]))
+                    for kh in range(k2[0]) for kw in range(k2[1])], np.int64).reshape(-1)
+    ntap = math.prod(geom.kernel)
+    wt = np.ascontiguousarray(w.reshape(ntap, geom.c), np.float32)
+    st, ost = [s // 4 for s in src.strides], [s // 4 for s in out.strides]
+    prob = _Flat(src.ctypes.data, out.ctypes.data, st[0], st[-1], ost[0], ost[-1],
+                 wt.ctypes.data, geom.n, geom.c, H, W, ntap, off.ctypes.data)
+    pp = ctypes.addressof(prob)
+    threads = _threads(src.nbytes + out.nbytes)
+    buf, per_thread = _pool.thread_scratch("grouped-scratch", int(lib.cg_flat_scratch(pp)),
+                                           threads)
+    _pool.run_native(lib, "cg_flat_corr_run",
+                     [(pp, lo, hi) for lo, hi in _pool.split(geom.n * geom.c, 4 * threads)],
+                     threads, per_thread)
+    del prob, buf, off, wt
     return out
 
 

@@ -1743,3 +1743,183 @@ void cg_planar_dgrad_run(const PlanarProblem* P, int64_t c0, int64_t c1, float* 
                     store_run(dst, P->out_dtype, P->ostride[3], row, Lw);
                 }
 }
+
+// ---------------------------------------------------------------------------------------
+// Flat planes: stride-1 depthwise forward and data gradients whose result has the
+// input's size, on channels-first float32 memory (each channel's H x W plane contiguous)
+//
+// A plane is then one flat array, and every tap one shift of it: out[i] = sum_t w_t *
+// in[i + oh_t * W + ow_t] for flat i = h * W + w, wherever (h + oh_t, w + ow_t) lies in
+// the plane.  Vectors run along the flat index across row ends; a tap whose column
+// leaves the plane there (ow_t != 0) is multiplied by a 0/1 column mask (one per
+// distinct ow, built once per call), and the rows where some tap would leave the plane
+// vertically (the first and last few) are summed pixel by pixel over their valid taps.
+// A masked lane's product came from the wrong pixel, so it is cleared by a bitwise AND,
+// never multiplied by zero (a NaN or Inf there must not reach it: D17).  The planar
+// kernels above work a row at a time, their vectors cut at every row end: on
+// MobileNetV2's 56-wide rows that was more tail than vector.
+
+extern "C" {
+
+struct FlatProblem {
+    const float* src;          // fwd: x, dgrad: dy -- planes (n, c)
+    float* out;                // result planes
+    int64_t sn, sc;            // src strides (floats): sample, channel
+    int64_t on, oc;            // result strides
+    const float* w;            // weights float32 [tap][channel]
+    int64_t N, C, H, W, ntap;
+    const int64_t* off;        // per tap: row and column offset of the source pixel a
+                               // result pixel meets
+};
+
+int64_t cg_flat_scratch(const FlatProblem* P);
+void cg_flat_corr_run(const FlatProblem* P, int64_t lo, int64_t hi, float* scratch);
+
+}  // extern "C"
+
+namespace {
+
+constexpr int FLAT_TAPS = 64;        // taps at most (an 8 x 8 kernel)
+
+// Per call: the taps grouped by column offset, each group's 0/1 column mask over the
+// flat plane, and the flat range where every tap of every lane stays in the plane.
+struct FlatPlan {
+    int64_t HW, ilo, ihi;            // vectors start in [ilo, ihi - VL]
+    int ngroups;
+    int64_t gow[FLAT_TAPS];          // a group's column offset
+    int gfirst[FLAT_TAPS + 1];       // its taps: order[gfirst[g] .. gfirst[g + 1])
+    int order[FLAT_TAPS];
+    int64_t shift[FLAT_TAPS];        // flat shift per tap
+    const float* mask[FLAT_TAPS];    // per group: null (ow = 0) or its mask
+
+    FlatPlan(const FlatProblem* P, float* scratch) {
+        const int64_t H = P->H, W = P->W;
+        HW = H * W;
+        int64_t hmin = 0, hmax = H, smin = 0, smax = 0;
+        ngroups = 0;
+        int n = 0;
+        for (int64_t t = 0; t < P->ntap; t++) {
+            const int64_t oh = P->off[2 * t], ow = P->off[2 * t + 1];
+            shift[t] = oh * W + ow;
+            hmin = std::max(hmin, -oh), hmax = std::min(hmax, H - oh);
+            smin = std::min(smin, shift[t]), smax = std::max(smax, shift[t]);
+        }
+        // the taps by column offset
+        std::vector<int64_t> ows;
+        for (int64_t t = 0; t < P->ntap; t++) ows.push_back(P->off[2 * t + 1]);
+        std::sort(ows.begin(), ows.end());
+        ows.erase(std::unique(ows.begin(), ows.end()), ows.end());
+        for (int64_t ow : ows) {
+            gow[ngroups] = ow;
+            gfirst[ngroups] = n;
+            for (int64_t t = 0; t < P->ntap; t++)
+                if (P->off[2 * t + 1] == ow) order[n++] = (int)t;
+            if (ow == 0) {
+                mask[ngroups] = nullptr;
+            } else {
+                // all ones where the column is in the plane, else zero (bit patterns),
+                // for the columns j % W of j in [0, W + VL): a vector of pixels i.. reads
+                // it from column i % W on
+                uint32_t* m = (uint32_t*)scratch;
+                scratch += W + VL;
+                for (int64_t j = 0; j < W + VL; j++) {
+                    const int64_t w = j % W + ow;
+                    m[j] = w >= 0 && w < W ? 0xFFFFFFFFu : 0u;
+                }
+                mask[ngroups] = (const float*)m;
+            }
+            ngroups++;
+        }
+        gfirst[ngroups] = n;
+        ilo = std::min(HW, std::max(hmin * W, -smin));
+        ihi = std::max(ilo, std::min(hmax * W, HW - smax));
+    }
+};
+
+// a's lanes where m is all ones, +0 where it is zero
+inline vf keep(vf a, vf m) {
+    typedef uint32_t vu __attribute__((vector_size(VL * 4)));
+    return (vf)((vu)a & (vu)m);
+}
+
+// out[i] over the taps valid for pixel i (the rows the vectors leave out)
+inline float flat_pixel(const FlatProblem* P, const float* in, const float* wt, int64_t i) {
+    const int64_t h = i / P->W, w = i % P->W;
+    float s = 0.0f;
+    for (int64_t t = 0; t < P->ntap; t++) {
+        const int64_t hh = h + P->off[2 * t], ww = w + P->off[2 * t + 1];
+        if (hh >= 0 && hh < P->H && ww >= 0 && ww < P->W) s += wt[t] * in[hh * P->W + ww];
+    }
+    return s;
+}
+
+}  // namespace
+
+extern "C" {
+
+int64_t cg_flat_scratch(const FlatProblem* P) {
+    // a mask per distinct column offset (at most the taps), and the weights of a plane
+    return P->ntap * (P->W + VL) + P->ntap + 16;
+}
+
+// The result planes [lo, hi) (numbered n * C + c).
+void cg_flat_corr_run(const FlatProblem* P, int64_t lo, int64_t hi, float* scratch) {
+    const FlatPlan F(P, scratch);
+    float* wt = scratch + P->ntap * (P->W + VL);
+    const int64_t W = P->W;
+    vf wv[FLAT_TAPS];
+    for (int64_t pl = lo; pl < hi; pl++) {
+        const int64_t n = pl / P->C, c = pl % P->C;
+        const float* in = P->src + n * P->sn + c * P->sc;
+        float* out = P->out + n * P->on + c * P->oc;
+        for (int64_t t = 0; t < P->ntap; t++) wt[t] = P->w[t * P->C + c];
+        for (int k = 0; k < F.gfirst[F.ngroups]; k++) wv[k] = bcast(wt[F.order[k]]);
+        int64_t i = 0;
+        for (; i < F.ilo; i++) out[i] = flat_pixel(P, in, wt, i);
+        // the column of pixel i (the masks' index), kept up to date as i moves on
+        int64_t col = i % W;
+        auto advance = [&]() {
+            col += VL;
+            while (col >= W) col -= W;
+        };
+        // two vectors at a time (independent sums)
+        for (; i + 2 * VL <= F.ihi; i += 2 * VL) {
+            const int64_t col0 = col;
+            advance();
+            const int64_t col1 = col;
+            advance();
+            vf a0 = zero(), a1 = zero();
+            for (int g = 0; g < F.ngroups; g++) {
+                vf p0 = zero(), p1 = zero();
+                for (int k = F.gfirst[g]; k < F.gfirst[g + 1]; k++) {
+                    const float* s = in + i + F.shift[F.order[k]];
+                    p0 += wv[k] * load(s);
+                    p1 += wv[k] * load(s + VL);
+                }
+                if (F.mask[g]) {
+                    a0 += keep(p0, load(F.mask[g] + col0));
+                    a1 += keep(p1, load(F.mask[g] + col1));
+                } else {
+                    a0 += p0;
+                    a1 += p1;
+                }
+            }
+            store(out + i, a0);
+            store(out + i + VL, a1);
+        }
+        for (; i + VL <= F.ihi; i += VL) {
+            vf a0 = zero();
+            for (int g = 0; g < F.ngroups; g++) {
+                vf p0 = zero();
+                for (int k = F.gfirst[g]; k < F.gfirst[g + 1]; k++)
+                    p0 += wv[k] * load(in + i + F.shift[F.order[k]]);
+                a0 += F.mask[g] ? keep(p0, load(F.mask[g] + col)) : p0;
+            }
+            store(out + i, a0);
+            advance();
+        }
+        for (; i < F.HW; i++) out[i] = flat_pixel(P, in, wt, i);
+    }
+}
+
+}  // extern "C"
