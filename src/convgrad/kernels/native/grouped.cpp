@@ -1842,15 +1842,94 @@ inline vf keep(vf a, vf m) {
     return (vf)((vu)a & (vu)m);
 }
 
-// out[i] over the taps valid for pixel i (the rows the vectors leave out)
-inline float flat_pixel(const FlatProblem* P, const float* in, const float* wt, int64_t i) {
-    const int64_t h = i / P->W, w = i % P->W;
-    float s = 0.0f;
+// out[h][w0, w1) of one plane over the taps valid there, tap by tap along the row (the
+// rows the vectors leave out: where some tap leaves the plane vertically)
+inline void flat_row(const FlatProblem* P, const float* in, const float* wt, float* out,
+                     int64_t h, int64_t w0, int64_t w1) {
+    const int64_t W = P->W;
+    float* o = out + h * W;
+    for (int64_t w = w0; w < w1; w++) o[w] = 0.0f;
     for (int64_t t = 0; t < P->ntap; t++) {
-        const int64_t hh = h + P->off[2 * t], ww = w + P->off[2 * t + 1];
-        if (hh >= 0 && hh < P->H && ww >= 0 && ww < P->W) s += wt[t] * in[hh * P->W + ww];
+        const int64_t hh = h + P->off[2 * t], ow = P->off[2 * t + 1];
+        if (hh < 0 || hh >= P->H) continue;
+        const float* r = in + hh * W + ow;
+        const float wv = wt[t];
+        const int64_t a = std::max(w0, -ow), b = std::min(w1, W - ow);
+        for (int64_t w = a; w < b; w++) o[w] += wv * r[w];
     }
-    return s;
+}
+
+// The flat pixels [a, b) of one plane, row piece by row piece (flat_row).
+inline void flat_rows(const FlatProblem* P, const float* in, const float* wt, float* out,
+                      int64_t a, int64_t b) {
+    const int64_t W = P->W;
+    while (a < b) {
+        const int64_t h = a / W, w0 = a % W, w1 = std::min(W, w0 + (b - a));
+        flat_row(P, in, wt, out, h, w0, w1);
+        a += w1 - w0;
+    }
+}
+
+// The vectors of the flat range [F.ilo, F.ihi) of one plane: KH x KW taps (the taps
+// of column kw: one per row, the same column offset and mask), 2 vectors at a time.
+// KH = KW = 0: any taps (the groups' counts read at run time).
+template <int KH, int KW>
+int64_t flat_vectors(const FlatPlan& F, const float* in, const float* wt, float* out,
+                     int64_t W) {
+    constexpr bool fixed = KH > 0;
+    constexpr int NT = fixed ? KH * KW : FLAT_TAPS;
+    vf wv[NT];
+    int64_t sh[NT];
+    const int ng = fixed ? KW : F.ngroups;
+    for (int k = 0; k < F.gfirst[F.ngroups]; k++) {
+        wv[k] = bcast(wt[F.order[k]]);
+        sh[k] = F.shift[F.order[k]];
+    }
+    int64_t i = F.ilo;
+    int64_t col = i % W;
+    auto advance = [&]() {
+        col += VL;
+        while (col >= W) col -= W;
+    };
+    for (; i + 2 * VL <= F.ihi; i += 2 * VL) {
+        const int64_t col0 = col;
+        advance();
+        const int64_t col1 = col;
+        advance();
+        vf a0 = zero(), a1 = zero();
+#pragma GCC unroll 8
+        for (int g = 0; g < ng; g++) {
+            vf p0 = zero(), p1 = zero();
+            const int k0 = fixed ? g * KH : F.gfirst[g], k1 = fixed ? k0 + KH : F.gfirst[g + 1];
+#pragma GCC unroll 8
+            for (int k = k0; k < k1; k++) {
+                const float* s = in + i + sh[k];
+                p0 += wv[k] * load(s);
+                p1 += wv[k] * load(s + VL);
+            }
+            if (F.mask[g]) {
+                a0 += keep(p0, load(F.mask[g] + col0));
+                a1 += keep(p1, load(F.mask[g] + col1));
+            } else {
+                a0 += p0;
+                a1 += p1;
+            }
+        }
+        store(out + i, a0);
+        store(out + i + VL, a1);
+    }
+    for (; i + VL <= F.ihi; i += VL) {
+        vf a0 = zero();
+        for (int g = 0; g < ng; g++) {
+            vf p0 = zero();
+            const int k0 = fixed ? g * KH : F.gfirst[g], k1 = fixed ? k0 + KH : F.gfirst[g + 1];
+            for (int k = k0; k < k1; k++) p0 += wv[k] * load(in + i + sh[k]);
+            a0 += F.mask[g] ? keep(p0, load(F.mask[g] + col)) : p0;
+        }
+        store(out + i, a0);
+        advance();
+    }
+    return i;
 }
 
 }  // namespace
@@ -1867,58 +1946,28 @@ void cg_flat_corr_run(const FlatProblem* P, int64_t lo, int64_t hi, float* scrat
     const FlatPlan F(P, scratch);
     float* wt = scratch + P->ntap * (P->W + VL);
     const int64_t W = P->W;
-    vf wv[FLAT_TAPS];
+    // the taps grouped by column with one tap per row each (a KH x KW kernel, the
+    // groups in kw order): the unrolled vector loops of the usual kernels
+    int64_t kh = F.ngroups ? F.gfirst[1] - F.gfirst[0] : 0;
+    bool grid = F.ngroups > 0;
+    for (int g = 0; g < F.ngroups; g++) grid = grid && F.gfirst[g + 1] - F.gfirst[g] == kh;
+    if (!grid) kh = 0;
+    const int64_t kw = grid ? F.ngroups : 0;
+    auto vectors = [&](const float* in, float* out) -> int64_t {
+        if (kh == 3 && kw == 3) return flat_vectors<3, 3>(F, in, wt, out, W);
+        if (kh == 5 && kw == 5) return flat_vectors<5, 5>(F, in, wt, out, W);
+        if (kh == 1 && kw == 3) return flat_vectors<1, 3>(F, in, wt, out, W);
+        if (kh == 1 && kw == 5) return flat_vectors<1, 5>(F, in, wt, out, W);
+        return flat_vectors<0, 0>(F, in, wt, out, W);
+    };
     for (int64_t pl = lo; pl < hi; pl++) {
         const int64_t n = pl / P->C, c = pl % P->C;
         const float* in = P->src + n * P->sn + c * P->sc;
         float* out = P->out + n * P->on + c * P->oc;
         for (int64_t t = 0; t < P->ntap; t++) wt[t] = P->w[t * P->C + c];
-        for (int k = 0; k < F.gfirst[F.ngroups]; k++) wv[k] = bcast(wt[F.order[k]]);
-        int64_t i = 0;
-        for (; i < F.ilo; i++) out[i] = flat_pixel(P, in, wt, i);
-        // the column of pixel i (the masks' index), kept up to date as i moves on
-        int64_t col = i % W;
-        auto advance = [&]() {
-            col += VL;
-            while (col >= W) col -= W;
-        };
-        // two vectors at a time (independent sums)
-        for (; i + 2 * VL <= F.ihi; i += 2 * VL) {
-            const int64_t col0 = col;
-            advance();
-            const int64_t col1 = col;
-            advance();
-            vf a0 = zero(), a1 = zero();
-            for (int g = 0; g < F.ngroups; g++) {
-                vf p0 = zero(), p1 = zero();
-                for (int k = F.gfirst[g]; k < F.gfirst[g + 1]; k++) {
-                    const float* s = in + i + F.shift[F.order[k]];
-                    p0 += wv[k] * load(s);
-                    p1 += wv[k] * load(s + VL);
-                }
-                if (F.mask[g]) {
-                    a0 += keep(p0, load(F.mask[g] + col0));
-                    a1 += keep(p1, load(F.mask[g] + col1));
-                } else {
-                    a0 += p0;
-                    a1 += p1;
-                }
-            }
-            store(out + i, a0);
-            store(out + i + VL, a1);
-        }
-        for (; i + VL <= F.ihi; i += VL) {
-            vf a0 = zero();
-            for (int g = 0; g < F.ngroups; g++) {
-                vf p0 = zero();
-                for (int k = F.gfirst[g]; k < F.gfirst[g + 1]; k++)
-                    p0 += wv[k] * load(in + i + F.shift[F.order[k]]);
-                a0 += F.mask[g] ? keep(p0, load(F.mask[g] + col)) : p0;
-            }
-            store(out + i, a0);
-            advance();
-        }
-        for (; i < F.HW; i++) out[i] = flat_pixel(P, in, wt, i);
+        flat_rows(P, in, wt, out, 0, F.ilo);
+        const int64_t i = vectors(in, out);
+        flat_rows(P, in, wt, out, i, F.HW);
     }
 }
 
