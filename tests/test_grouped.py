@@ -324,15 +324,18 @@ def test_planar_gradients_never_multiply_padding(isa, stride, monkeypatch):
                                     ((2, 3), 5, 1), ((3, 17), 7, 2), ((7,), 3, 1)],
                          ids=["odd", "mobilenet", "one-row", "tiny", "dilated7x7", "1d"])
 def test_flat_planes_take_same_size_channels_first_depthwise(isa, hw, k, d, rng, monkeypatch):
-    """Channels-first float32 depthwise forward and data gradients of stride 1 whose result
-    has the input's size run on flat planes (cg_flat_corr_run: vectors across row ends,
-    column masks, the rows where a tap leaves the plane pixel by pixel): equal to the
+    """Channels-first float32 depthwise gradients of stride 1 whose result has the input's
+    size run on flat planes (cg_flat_corr_run, cg_flat_wgrad_run: vectors across row ends,
+    column masks, the rows where a tap leaves the plane in row pieces): equal to the
     reference on planes smaller than a vector, one row, dilations; a NaN and an Inf at row
     ends (where masked lanes read) reach exactly the outputs the float64 definition gives
-    them (D17).  Channels-last, strided and 16-bit calls do not take them."""
+    them (D17); the weight gradient bitwise the same on 1-3 threads.  Channels-last,
+    strided and 16-bit calls do not take them."""
     taken = []
-    real = grouped._flat_run
+    real, real_w = grouped._flat_run, grouped._flat_wgrad
     monkeypatch.setattr(grouped, "_flat_run", lambda *a: taken.append(a[1]) or real(*a))
+    monkeypatch.setattr(grouped, "_flat_wgrad",
+                        lambda *a: taken.append("wgrad") or real_w(*a))
     C, n, r = 20, 2, len(hw)
     p = (k - 1) * d // 2
     kw = dict(strides=[1] * r, pads_begin=[p] * r, pads_end=[p] * r, dilations=[d] * r,
@@ -348,11 +351,17 @@ def test_flat_planes_take_same_size_channels_first_depthwise(isa, hw, k, d, rng,
     with np.errstate(invalid="ignore"):               # (Inf - Inf in the reference)
         want_y = naive.forward(x.astype(np.float64), w.astype(np.float64), hw, **geo)
         want_dx = naive.dgrad(w.astype(np.float64), dy.astype(np.float64), hw, **geo)
-    with convgrad.config(algo="grouped", isa=isa, threads=2):
-        y = convgrad.conv_forward(x, w, **kw)
-        dx = convgrad.conv_data_grad(w, dy, x.shape, **kw)
-    assert taken == ["fwd", "dgrad"]
-    for got, want in ((y, want_y), (dx, want_dx)):
+        want_dw = naive.wgrad(x.astype(np.float64), dy.astype(np.float64), (k,) * r, **geo)
+    dws = []
+    for threads in (1, 2, 3):
+        with convgrad.config(algo="grouped", isa=isa, threads=threads):
+            y = convgrad.conv_forward(x, w, **kw)
+            dx = convgrad.conv_data_grad(w, dy, x.shape, **kw)
+            dws.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
+    assert taken == ["fwd", "dgrad", "wgrad"] * 3
+    for other in dws[1:]:                    # a fixed order whatever the threads
+        np.testing.assert_array_equal(other, dws[0])
+    for got, want in ((y, want_y), (dx, want_dx), (dws[0], want_dw)):
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
         fin = np.isfinite(want)
@@ -363,7 +372,7 @@ def test_flat_planes_take_same_size_channels_first_depthwise(isa, hw, k, d, rng,
         convgrad.conv_data_grad(w, np.moveaxis(np.ascontiguousarray(np.moveaxis(dy, 1, -1)),
                                                -1, 1), x.shape, **kw)
         convgrad.conv_data_grad(w.astype(np.float16), dy.astype(np.float16), x.shape, **kw)
-    assert taken == ["fwd", "dgrad"]
+    assert taken == ["fwd", "dgrad", "wgrad"] * 3
 
 
 @pytest.mark.parametrize("isa", ISAS)

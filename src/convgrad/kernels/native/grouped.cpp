@@ -1766,14 +1766,18 @@ struct FlatProblem {
     float* out;                // result planes
     int64_t sn, sc;            // src strides (floats): sample, channel
     int64_t on, oc;            // result strides
-    const float* w;            // weights float32 [tap][channel]
+    const float* w;            // weights float32 [tap][channel]; a weight gradient: dy
+                               // planes (strides yn, yc), its result dw [tap][channel]
+                               // in out
     int64_t N, C, H, W, ntap;
     const int64_t* off;        // per tap: row and column offset of the source pixel a
                                // result pixel meets
+    int64_t yn, yc;            // a weight gradient's dy strides (floats): sample, channel
 };
 
 int64_t cg_flat_scratch(const FlatProblem* P);
 void cg_flat_corr_run(const FlatProblem* P, int64_t lo, int64_t hi, float* scratch);
+void cg_flat_wgrad_run(const FlatProblem* P, int64_t c0, int64_t c1, float* scratch);
 
 }  // extern "C"
 
@@ -1932,6 +1936,68 @@ int64_t flat_vectors(const FlatPlan& F, const float* in, const float* wt, float*
     return i;
 }
 
+// dw of one channel: every sample's x and dy planes in order, each tap a sum over the
+// flat positions (a fixed order: the result does not depend on the threads).
+template <int KH, int KW>
+void flat_wgrad_channel(const FlatProblem* P, const FlatPlan& F, int64_t c) {
+    constexpr bool fixed = KH > 0;
+    constexpr int NT = fixed ? KH * KW : FLAT_TAPS;
+    const int64_t W = P->W, nt = P->ntap;
+    const int ng = fixed ? KW : F.ngroups;
+    int64_t sh[NT];
+    for (int k = 0; k < F.gfirst[F.ngroups]; k++) sh[k] = F.shift[F.order[k]];
+    vf acc[NT];
+    float edge[FLAT_TAPS];
+    for (int k = 0; k < F.gfirst[F.ngroups]; k++) acc[k] = zero();
+    for (int64_t t = 0; t < nt; t++) edge[t] = 0.0f;
+    for (int64_t n = 0; n < P->N; n++) {
+        const float* x = P->src + n * P->sn + c * P->sc;
+        const float* dy = P->w + n * P->yn + c * P->yc;
+        // the row pieces the vectors leave out, tap by tap
+        auto rows = [&](int64_t a, int64_t b) {
+            while (a < b) {
+                const int64_t h = a / W, w0 = a % W, w1 = std::min(W, w0 + (b - a));
+                for (int64_t t = 0; t < nt; t++) {
+                    const int64_t hh = h + P->off[2 * t], ow = P->off[2 * t + 1];
+                    if (hh < 0 || hh >= P->H) continue;
+                    const float* r = x + hh * W + ow;
+                    const float* d = dy + h * W;
+                    float e = 0.0f;
+                    for (int64_t w = std::max(w0, -ow); w < std::min(w1, W - ow); w++)
+                        e += r[w] * d[w];
+                    edge[t] += e;
+                }
+                a += w1 - w0;
+            }
+        };
+        rows(0, F.ilo);
+        int64_t i = F.ilo, col = i % W;
+        for (; i + VL <= F.ihi; i += VL) {
+            const vf d = load(dy + i);
+#pragma GCC unroll 8
+            for (int g = 0; g < ng; g++) {
+                const int k0 = fixed ? g * KH : F.gfirst[g];
+                const int k1 = fixed ? k0 + KH : F.gfirst[g + 1];
+                if (F.mask[g]) {
+                    const vf m = load(F.mask[g] + col);
+#pragma GCC unroll 8
+                    for (int k = k0; k < k1; k++) acc[k] += keep(d * load(x + i + sh[k]), m);
+                } else {
+#pragma GCC unroll 8
+                    for (int k = k0; k < k1; k++) acc[k] += d * load(x + i + sh[k]);
+                }
+            }
+            col += VL;
+            while (col >= W) col -= W;
+        }
+        rows(i, F.HW);
+    }
+    for (int k = 0; k < F.gfirst[F.ngroups]; k++) {
+        const int t = F.order[k];
+        P->out[t * P->C + c] = hsum(acc[k]) + edge[t];
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -1968,6 +2034,23 @@ void cg_flat_corr_run(const FlatProblem* P, int64_t lo, int64_t hi, float* scrat
         flat_rows(P, in, wt, out, 0, F.ilo);
         const int64_t i = vectors(in, out);
         flat_rows(P, in, wt, out, i, F.HW);
+    }
+}
+
+// dw for the channels [c0, c1), each channel by one call (flat_wgrad_channel).
+void cg_flat_wgrad_run(const FlatProblem* P, int64_t c0, int64_t c1, float* scratch) {
+    const FlatPlan F(P, scratch);
+    int64_t kh = F.ngroups ? F.gfirst[1] - F.gfirst[0] : 0;
+    bool grid = F.ngroups > 0;
+    for (int g = 0; g < F.ngroups; g++) grid = grid && F.gfirst[g + 1] - F.gfirst[g] == kh;
+    const int64_t kw = grid ? F.ngroups : 0;
+    if (!grid) kh = 0;
+    for (int64_t c = c0; c < c1; c++) {
+        if (kh == 3 && kw == 3) flat_wgrad_channel<3, 3>(P, F, c);
+        else if (kh == 5 && kw == 5) flat_wgrad_channel<5, 5>(P, F, c);
+        else if (kh == 1 && kw == 3) flat_wgrad_channel<1, 3>(P, F, c);
+        else if (kh == 1 && kw == 5) flat_wgrad_channel<1, 5>(P, F, c);
+        else flat_wgrad_channel<0, 0>(P, F, c);
     }
 }
 
