@@ -275,7 +275,7 @@ def test_channels_first_depthwise_gradients_planar(isa, name, rng, monkeypatch):
     monkeypatch.setattr(grouped, "_planar_run", lambda *a: taken.append(a[1]) or planar(*a))
     monkeypatch.setattr(grouped, "PLANAR_MIN_WIDTH", 1)
     monkeypatch.setattr(grouped, "PLANAR_DGRAD_MIN_WIDTH", 1)
-    monkeypatch.setattr(grouped, "_flat", lambda *a: False)    # (its own test below)
+    monkeypatch.setattr(grouped, "_flat", lambda *a, **k: False)    # (its own tests below)
     for dtype in (np.float32, np.float16, bfloat16):
         check(CASES[name], rng, isa=isa, channels_last=False, dtype=dtype, threads=2)
     assert sorted(taken) == ["dgrad"] * 3 + ["wgrad"] * 3
@@ -373,6 +373,42 @@ def test_flat_planes_take_same_size_channels_first_depthwise(isa, hw, k, d, rng,
                                                -1, 1), x.shape, **kw)
         convgrad.conv_data_grad(w.astype(np.float16), dy.astype(np.float16), x.shape, **kw)
     assert taken == ["fwd", "dgrad", "wgrad"] * 3
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("hw,k,s,pb,pe", [((16, 22), 3, 2, 1, 0), ((12, 10), 4, 2, 1, 1),
+                                          ((9, 12), 3, 3, 1, 1), ((14,), 5, 2, 2, 1),
+                                          ((6, 8), 2, 2, 0, 0)],
+                         ids=["mobilenet-s2", "k4s2", "s3", "1d-k5s2", "k2s2"])
+def test_flat_planes_take_strided_depthwise_data_gradients(isa, hw, k, s, pb, pe, rng,
+                                                            monkeypatch):
+    """A channels-first float32 depthwise data gradient whose dx is s times dy on every
+    axis runs on flat planes phase by phase (each stride phase of dx one flat correlation
+    of dy, interleaved into the rows): equal to the float64 definition, NaN and Inf at row
+    ends included (D17)."""
+    taken = []
+    real = grouped._flat_run
+    monkeypatch.setattr(grouped, "_flat_run", lambda *a: taken.append(a[1]) or real(*a))
+    C, n, r = 12, 2, len(hw)
+    out = tuple((L + pb + pe - k) // s + 1 for L in hw)
+    assert all(L == s * m for L, m in zip(hw, out))
+    w = rng.standard_normal((C, 1) + (k,) * r).astype(np.float32)
+    dy = rng.standard_normal((n, C) + out).astype(np.float32)
+    dy[0, 3, ..., -1] = -np.inf
+    dy[1, 4, ..., 0] = np.nan
+    w[5].flat[0] = np.nan
+    geo = dict(strides=(s,) * r, dilations=(1,) * r, pads_begin=(pb,) * r, groups=C)
+    with np.errstate(invalid="ignore"):
+        want = naive.dgrad(w.astype(np.float64), dy.astype(np.float64), hw, **geo)
+    with convgrad.config(algo="grouped", isa=isa, threads=2):
+        dx = convgrad.conv_data_grad(w, dy, (n, C) + hw, strides=[s] * r, pads_begin=[pb] * r,
+                                     pads_end=[pe] * r, groups=C)
+    assert taken == ["dgrad"]
+    np.testing.assert_array_equal(np.isnan(dx), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(dx), np.isinf(want))
+    fin = np.isfinite(want)
+    assert fin.any() and not fin.all()
+    assert_close(dx[fin], want[fin], np.float32)
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -96,7 +96,8 @@ class _Planar(ctypes.Structure):
 class _Flat(ctypes.Structure):
     _fields_ = [("src", _VP), ("out", _VP), ("sn", _I64), ("sc", _I64), ("on", _I64),
                 ("oc", _I64), ("w", _VP), ("N", _I64), ("C", _I64), ("H", _I64), ("W", _I64),
-                ("ntap", _I64), ("off", _VP), ("yn", _I64), ("yc", _I64)]
+                ("ntap", _I64), ("off", _VP), ("yn", _I64), ("yc", _I64), ("sh", _I64),
+                ("sw", _I64), ("phases", _VP), ("widx", _VP)]
 
 
 _BOUND: dict[str, tuple[int, int]] = {}
@@ -553,7 +554,7 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> 
     lib = _lib(eng)
     if _streams_depthwise_dgrad(geom, dy, dx, int(lib.cg_dw_dgrad_terms())):
         return _depthwise_dgrad(lib, eng.vl, w, dy, dx, geom)
-    if _flat(geom, dy, dx):
+    if _flat(geom, dy, dx, op="dgrad"):
         return _flat_run(lib, "dgrad", dy, w, dx, geom)
     if _planar(geom, "dgrad", dy, dx):
         return _planar_run(lib, "dgrad", dy, None, w, dx, geom,
@@ -721,19 +722,25 @@ def _planar_run(lib, op: str, src: np.ndarray, dy: np.ndarray | None, w: np.ndar
 FLAT_TAPS = 64
 
 
-def _flat(geom: ConvGeometry, *data: np.ndarray) -> bool:
-    """Whether a depthwise forward or data gradient takes the flat-plane kernel
-    (grouped.cpp: cg_flat_corr_run): one channel per group and multiplier 1, 1-D or 2-D,
-    stride 1, a result the size of the input ("same" padding), source and result float32
-    with each channel's plane contiguous (channels-first memory)."""
+def _flat(geom: ConvGeometry, *data: np.ndarray, op: str = "fwd") -> bool:
+    """Whether a depthwise problem takes the flat-plane kernels (grouped.cpp:
+    cg_flat_*): one channel per group and multiplier 1, 1-D or 2-D, every operand
+    float32 with each channel's plane contiguous (channels-first memory), and stride 1
+    with a result the size of the input ("same" padding) -- or, for a data gradient,
+    strides whose every phase of dx has dy's size (dx s times dy on each axis)."""
     if (not (geom.groups == geom.c == geom.o) or geom.spatial_rank > 2
-            or any(s != 1 for s in geom.strides) or geom.in_sizes != geom.out_sizes
             or math.prod(geom.kernel) > FLAT_TAPS):
         return False
-    plane = math.prod(geom.in_sizes)
+    if op == "dgrad" and math.prod(geom.strides) > 1:
+        if (math.prod(geom.strides) > 16 or any(
+                L != s * m for L, s, m in zip(geom.in_sizes, geom.strides, geom.out_sizes))):
+            return False
+    elif any(s != 1 for s in geom.strides) or geom.in_sizes != geom.out_sizes:
+        return False
+    plane = math.prod(geom.out_sizes)
     for a in data:
         st = a.strides
-        if (a.dtype != np.float32 or st[-2] != 4 or abs(st[-1]) < plane * 4 or st[-1] < 0
+        if (a.dtype != np.float32 or st[-2] != 4 or st[-1] < plane * 4
                 or (a.ndim == 4 and st[1] != a.shape[2] * 4)):
             return False
     return True
@@ -744,14 +751,15 @@ def _flat_run(lib, op: str, src: np.ndarray, w: np.ndarray, out: np.ndarray,
     """The flat-plane depthwise kernel: a data gradient (or forward) over ranges of the
     result's planes.  (A weight gradient on flat planes, 9 masked sums a vector, ran
     0.83-0.85x the planar kernel's speed on MobileNetV2: it keeps the planar one.)"""
-    H, W = native._pad3(geom.in_sizes, 1)[1:]
-    # (a data gradient meets dy at minus the forward convolution's offsets)
-    off = _flat_offsets(geom, -1 if op == "dgrad" else 1)
+    H, W = native._pad3(geom.out_sizes, 1)[1:]       # the source planes (dy, or x)
     ntap = math.prod(geom.kernel)
+    off, phases, widx = _flat_phases(geom, op)
     wt = np.ascontiguousarray(w.reshape(ntap, geom.c), np.float32)
     st, ost = [s // 4 for s in src.strides], [s // 4 for s in out.strides]
+    sh, sw = native._pad3(geom.strides, 1)[1:] if op == "dgrad" else (1, 1)
     prob = _Flat(src.ctypes.data, out.ctypes.data, st[0], st[-1], ost[0], ost[-1],
-                 wt.ctypes.data, geom.n, geom.c, H, W, ntap, off.ctypes.data, 0, 0)
+                 wt.ctypes.data, geom.n, geom.c, H, W, len(widx), off.ctypes.data, 0, 0,
+                 sh, sw, phases.ctypes.data, widx.ctypes.data)
     pp = ctypes.addressof(prob)
     threads = _threads(src.nbytes + out.nbytes)
     buf, per_thread = _pool.thread_scratch("grouped-scratch", int(lib.cg_flat_scratch(pp)),
@@ -759,8 +767,41 @@ def _flat_run(lib, op: str, src: np.ndarray, w: np.ndarray, out: np.ndarray,
     _pool.run_native(lib, "cg_flat_corr_run",
                      [(pp, lo, hi) for lo, hi in _pool.split(geom.n * geom.c, 4 * threads)],
                      threads, per_thread)
-    del prob, buf, off, wt
+    del prob, buf, off, wt, phases, widx
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _flat_phase_table(geom: ConvGeometry, op: str) -> tuple:
+    """(tap entries' offsets (row, column), phases (rh, rw, first, end entry), entries'
+    weight taps) of a flat-plane problem: the forward convolution's taps, or the data
+    gradient's per stride phase of dx -- tap (kh, kw) reaches dx[a*sh + rh] from dy[a + e]
+    with e = (rh + pb - kh*d) / sh where that divides (every phase of the size of dy)."""
+    k2, d2, p2 = (native._pad3(geom.kernel, 1)[1:], native._pad3(geom.dilations, 1)[1:],
+                  native._pad3(geom.pads_begin, 0)[1:])
+    s2 = native._pad3(geom.strides, 1)[1:] if op == "dgrad" else (1, 1)
+    off, phases, widx = [], [], []
+    for rh in range(s2[0]):
+        for rw in range(s2[1]):
+            first = len(widx)
+            for kh in range(k2[0]):
+                for kw in range(k2[1]):
+                    if op != "dgrad":
+                        e = (kh * d2[0] - p2[0], kw * d2[1] - p2[1])
+                    else:
+                        num = (rh + p2[0] - kh * d2[0], rw + p2[1] - kw * d2[1])
+                        if num[0] % s2[0] or num[1] % s2[1]:
+                            continue
+                        e = (num[0] // s2[0], num[1] // s2[1])
+                    off.append(e)
+                    widx.append(kh * k2[1] + kw)
+            phases.append((rh, rw, first, len(widx)))
+    return (np.array(off, np.int64).reshape(-1), np.array(phases, np.int64).reshape(-1),
+            np.array(widx, np.int64))
+
+
+def _flat_phases(geom: ConvGeometry, op: str):
+    return tuple(a.copy() for a in _flat_phase_table(geom, op))
 
 
 def _flat_offsets(geom: ConvGeometry, sign: int) -> np.ndarray:
@@ -781,7 +822,8 @@ def _flat_wgrad(lib, x: np.ndarray, dy: np.ndarray, dw: np.ndarray, geom: ConvGe
     off = _flat_offsets(geom, 1)
     st, yst = [s // 4 for s in x.strides], [s // 4 for s in dy.strides]
     prob = _Flat(x.ctypes.data, dw.ctypes.data, st[0], st[-1], 0, 0, dy.ctypes.data, geom.n,
-                 geom.c, H, W, math.prod(geom.kernel), off.ctypes.data, yst[0], yst[-1])
+                 geom.c, H, W, math.prod(geom.kernel), off.ctypes.data, yst[0], yst[-1], 1, 1,
+                 None, None)
     pp = ctypes.addressof(prob)
     threads = _threads(x.nbytes + dy.nbytes)
     buf, per_thread = _pool.thread_scratch("grouped-scratch", int(lib.cg_flat_scratch(pp)),

@@ -1745,34 +1745,40 @@ void cg_planar_dgrad_run(const PlanarProblem* P, int64_t c0, int64_t c1, float* 
 }
 
 // ---------------------------------------------------------------------------------------
-// Flat planes: stride-1 depthwise forward and data gradients whose result has the
-// input's size, on channels-first float32 memory (each channel's H x W plane contiguous)
+// Flat planes: depthwise forward and data gradients on channels-first float32 memory
+// (each channel's H x W plane contiguous) whose every stride phase of the result has the
+// size of the source plane (stride 1 and "same" padding; a data gradient of stride s
+// whose input is s times dy)
 //
 // A plane is then one flat array, and every tap one shift of it: out[i] = sum_t w_t *
 // in[i + oh_t * W + ow_t] for flat i = h * W + w, wherever (h + oh_t, w + ow_t) lies in
 // the plane.  Vectors run along the flat index across row ends; a tap whose column
-// leaves the plane there (ow_t != 0) is multiplied by a 0/1 column mask (one per
-// distinct ow, built once per call), and the rows where some tap would leave the plane
-// vertically (the first and last few) are summed pixel by pixel over their valid taps.
-// A masked lane's product came from the wrong pixel, so it is cleared by a bitwise AND,
-// never multiplied by zero (a NaN or Inf there must not reach it: D17).  The planar
-// kernels above work a row at a time, their vectors cut at every row end: on
-// MobileNetV2's 56-wide rows that was more tail than vector.
+// leaves the plane there (ow_t != 0) is cleared by a column mask (one per distinct ow,
+// built once per call), and the rows where some tap would leave the plane vertically
+// (the first and last few) are summed tap by tap along row pieces.  A masked lane's
+// product came from the wrong pixel, so it is cleared by a bitwise AND, never
+// multiplied by zero (a NaN or Inf there must not reach it: D17).  A data gradient of
+// stride s computes each of its s x s phases so (its taps: those of the phase) and
+// interleaves them into the result's rows.  The planar kernels above work a row at a
+// time, their vectors cut at every row end: on MobileNetV2's 56-wide rows that was more
+// tail than vector.
 
 extern "C" {
 
 struct FlatProblem {
-    const float* src;          // fwd: x, dgrad: dy -- planes (n, c)
-    float* out;                // result planes
+    const float* src;          // fwd: x, dgrad: dy, wgrad: x -- planes (n, c) of H x W
+    float* out;                // result planes; a weight gradient: dw [tap][channel]
     int64_t sn, sc;            // src strides (floats): sample, channel
     int64_t on, oc;            // result strides
     const float* w;            // weights float32 [tap][channel]; a weight gradient: dy
-                               // planes (strides yn, yc), its result dw [tap][channel]
-                               // in out
-    int64_t N, C, H, W, ntap;
-    const int64_t* off;        // per tap: row and column offset of the source pixel a
-                               // result pixel meets
+                               // planes (strides yn, yc)
+    int64_t N, C, H, W, ntap;  // ntap: tap entries over all phases
+    const int64_t* off;        // per tap entry: row and column offset of the source pixel
+                               // a result pixel meets
     int64_t yn, yc;            // a weight gradient's dy strides (floats): sample, channel
+    int64_t sh, sw;            // the result's stride phases (1, 1 but for data gradients)
+    const int64_t* phases;     // per phase: rh, rw, first and end tap entry
+    const int64_t* widx;       // per tap entry: its weight's tap
 };
 
 int64_t cg_flat_scratch(const FlatProblem* P);
@@ -1783,41 +1789,46 @@ void cg_flat_wgrad_run(const FlatProblem* P, int64_t c0, int64_t c1, float* scra
 
 namespace {
 
-constexpr int FLAT_TAPS = 64;        // taps at most (an 8 x 8 kernel)
+constexpr int FLAT_TAPS = 64;        // tap entries at most (an 8 x 8 kernel)
 
-// Per call: the taps grouped by column offset, each group's 0/1 column mask over the
-// flat plane, and the flat range where every tap of every lane stays in the plane.
+// Tap entries on an H x W source plane.
+struct FlatTaps {
+    const int64_t* off;
+    int64_t ntap, H, W;
+};
+
+// Per call and phase: the taps grouped by column offset, each group's column mask, and
+// the flat range where every tap of every lane stays in the plane.
 struct FlatPlan {
-    int64_t HW, ilo, ihi;            // vectors start in [ilo, ihi - VL]
-    int ngroups;
-    int64_t gow[FLAT_TAPS];          // a group's column offset
-    int gfirst[FLAT_TAPS + 1];       // its taps: order[gfirst[g] .. gfirst[g + 1])
+    int64_t HW = 0, ilo = 0, ihi = 0;    // vectors start in [ilo, ihi - VL]
+    int ngroups = 0;
+    int gfirst[FLAT_TAPS + 1];       // a group's taps: order[gfirst[g] .. gfirst[g + 1])
     int order[FLAT_TAPS];
     int64_t shift[FLAT_TAPS];        // flat shift per tap
     const float* mask[FLAT_TAPS];    // per group: null (ow = 0) or its mask
 
-    FlatPlan(const FlatProblem* P, float* scratch) {
-        const int64_t H = P->H, W = P->W;
+    FlatPlan() = default;
+    // (scratch: room for a mask of W + VL floats per distinct column offset; advanced)
+    FlatPlan(const FlatTaps& T, float*& scratch) {
+        const int64_t H = T.H, W = T.W;
         HW = H * W;
         int64_t hmin = 0, hmax = H, smin = 0, smax = 0;
-        ngroups = 0;
         int n = 0;
-        for (int64_t t = 0; t < P->ntap; t++) {
-            const int64_t oh = P->off[2 * t], ow = P->off[2 * t + 1];
+        for (int64_t t = 0; t < T.ntap; t++) {
+            const int64_t oh = T.off[2 * t], ow = T.off[2 * t + 1];
             shift[t] = oh * W + ow;
             hmin = std::max(hmin, -oh), hmax = std::min(hmax, H - oh);
             smin = std::min(smin, shift[t]), smax = std::max(smax, shift[t]);
         }
         // the taps by column offset
         std::vector<int64_t> ows;
-        for (int64_t t = 0; t < P->ntap; t++) ows.push_back(P->off[2 * t + 1]);
+        for (int64_t t = 0; t < T.ntap; t++) ows.push_back(T.off[2 * t + 1]);
         std::sort(ows.begin(), ows.end());
         ows.erase(std::unique(ows.begin(), ows.end()), ows.end());
         for (int64_t ow : ows) {
-            gow[ngroups] = ow;
             gfirst[ngroups] = n;
-            for (int64_t t = 0; t < P->ntap; t++)
-                if (P->off[2 * t + 1] == ow) order[n++] = (int)t;
+            for (int64_t t = 0; t < T.ntap; t++)
+                if (T.off[2 * t + 1] == ow) order[n++] = (int)t;
             if (ow == 0) {
                 mask[ngroups] = nullptr;
             } else {
@@ -1838,6 +1849,16 @@ struct FlatPlan {
         ilo = std::min(HW, std::max(hmin * W, -smin));
         ihi = std::max(ilo, std::min(hmax * W, HW - smax));
     }
+
+    // The kernel's shape when its taps form a grid (every column group the same number
+    // of taps, one per row): (rows, columns), else (0, 0).
+    std::pair<int, int> grid() const {
+        if (ngroups == 0) return {0, 0};
+        const int kh = gfirst[1] - gfirst[0];
+        for (int g = 0; g < ngroups; g++)
+            if (gfirst[g + 1] - gfirst[g] != kh) return {0, 0};
+        return {kh, ngroups};
+    }
 };
 
 // a's lanes where m is all ones, +0 where it is zero
@@ -1848,14 +1869,14 @@ inline vf keep(vf a, vf m) {
 
 // out[h][w0, w1) of one plane over the taps valid there, tap by tap along the row (the
 // rows the vectors leave out: where some tap leaves the plane vertically)
-inline void flat_row(const FlatProblem* P, const float* in, const float* wt, float* out,
+inline void flat_row(const FlatTaps& T, const float* in, const float* wt, float* out,
                      int64_t h, int64_t w0, int64_t w1) {
-    const int64_t W = P->W;
+    const int64_t W = T.W;
     float* o = out + h * W;
     for (int64_t w = w0; w < w1; w++) o[w] = 0.0f;
-    for (int64_t t = 0; t < P->ntap; t++) {
-        const int64_t hh = h + P->off[2 * t], ow = P->off[2 * t + 1];
-        if (hh < 0 || hh >= P->H) continue;
+    for (int64_t t = 0; t < T.ntap; t++) {
+        const int64_t hh = h + T.off[2 * t], ow = T.off[2 * t + 1];
+        if (hh < 0 || hh >= T.H) continue;
         const float* r = in + hh * W + ow;
         const float wv = wt[t];
         const int64_t a = std::max(w0, -ow), b = std::min(w1, W - ow);
@@ -1864,12 +1885,12 @@ inline void flat_row(const FlatProblem* P, const float* in, const float* wt, flo
 }
 
 // The flat pixels [a, b) of one plane, row piece by row piece (flat_row).
-inline void flat_rows(const FlatProblem* P, const float* in, const float* wt, float* out,
+inline void flat_rows(const FlatTaps& T, const float* in, const float* wt, float* out,
                       int64_t a, int64_t b) {
-    const int64_t W = P->W;
+    const int64_t W = T.W;
     while (a < b) {
         const int64_t h = a / W, w0 = a % W, w1 = std::min(W, w0 + (b - a));
-        flat_row(P, in, wt, out, h, w0, w1);
+        flat_row(T, in, wt, out, h, w0, w1);
         a += w1 - w0;
     }
 }
@@ -1936,13 +1957,34 @@ int64_t flat_vectors(const FlatPlan& F, const float* in, const float* wt, float*
     return i;
 }
 
+// One phase plane: its edges row piece by row piece, its interior in vectors (the
+// unrolled loops for the usual kernel shapes).
+void flat_plane(const FlatTaps& T, const FlatPlan& F, const float* in, const float* wt,
+                float* out) {
+    flat_rows(T, in, wt, out, 0, F.ilo);
+    const auto g = F.grid();
+    const int64_t W = T.W;
+    int64_t i;
+    if (g == std::make_pair(3, 3)) i = flat_vectors<3, 3>(F, in, wt, out, W);
+    else if (g == std::make_pair(5, 5)) i = flat_vectors<5, 5>(F, in, wt, out, W);
+    else if (g == std::make_pair(1, 3)) i = flat_vectors<1, 3>(F, in, wt, out, W);
+    else if (g == std::make_pair(1, 5)) i = flat_vectors<1, 5>(F, in, wt, out, W);
+    else if (g == std::make_pair(2, 2)) i = flat_vectors<2, 2>(F, in, wt, out, W);
+    else if (g == std::make_pair(1, 2)) i = flat_vectors<1, 2>(F, in, wt, out, W);
+    else if (g == std::make_pair(2, 1)) i = flat_vectors<2, 1>(F, in, wt, out, W);
+    else if (g == std::make_pair(1, 1)) i = flat_vectors<1, 1>(F, in, wt, out, W);
+    else i = flat_vectors<0, 0>(F, in, wt, out, W);
+    flat_rows(T, in, wt, out, i, F.HW);
+}
+
 // dw of one channel: every sample's x and dy planes in order, each tap a sum over the
 // flat positions (a fixed order: the result does not depend on the threads).
 template <int KH, int KW>
-void flat_wgrad_channel(const FlatProblem* P, const FlatPlan& F, int64_t c) {
+void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan& F,
+                        int64_t c) {
     constexpr bool fixed = KH > 0;
     constexpr int NT = fixed ? KH * KW : FLAT_TAPS;
-    const int64_t W = P->W, nt = P->ntap;
+    const int64_t W = T.W, nt = T.ntap;
     const int ng = fixed ? KW : F.ngroups;
     int64_t sh[NT];
     for (int k = 0; k < F.gfirst[F.ngroups]; k++) sh[k] = F.shift[F.order[k]];
@@ -1958,8 +2000,8 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatPlan& F, int64_t c) {
             while (a < b) {
                 const int64_t h = a / W, w0 = a % W, w1 = std::min(W, w0 + (b - a));
                 for (int64_t t = 0; t < nt; t++) {
-                    const int64_t hh = h + P->off[2 * t], ow = P->off[2 * t + 1];
-                    if (hh < 0 || hh >= P->H) continue;
+                    const int64_t hh = h + T.off[2 * t], ow = T.off[2 * t + 1];
+                    if (hh < 0 || hh >= T.H) continue;
                     const float* r = x + hh * W + ow;
                     const float* d = dy + h * W;
                     float e = 0.0f;
@@ -2003,54 +2045,66 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatPlan& F, int64_t c) {
 extern "C" {
 
 int64_t cg_flat_scratch(const FlatProblem* P) {
-    // a mask per distinct column offset (at most the taps), and the weights of a plane
-    return P->ntap * (P->W + VL) + P->ntap + 16;
+    // a mask per tap entry at most, the phase planes of a strided result, the weights
+    return P->ntap * (P->W + VL) + (P->sh * P->sw > 1 ? P->sh * P->sw * P->H * P->W : 0) +
+           P->ntap + 16;
 }
 
 // The result planes [lo, hi) (numbered n * C + c).
 void cg_flat_corr_run(const FlatProblem* P, int64_t lo, int64_t hi, float* scratch) {
-    const FlatPlan F(P, scratch);
-    float* wt = scratch + P->ntap * (P->W + VL);
-    const int64_t W = P->W;
-    // the taps grouped by column with one tap per row each (a KH x KW kernel, the
-    // groups in kw order): the unrolled vector loops of the usual kernels
-    int64_t kh = F.ngroups ? F.gfirst[1] - F.gfirst[0] : 0;
-    bool grid = F.ngroups > 0;
-    for (int g = 0; g < F.ngroups; g++) grid = grid && F.gfirst[g + 1] - F.gfirst[g] == kh;
-    if (!grid) kh = 0;
-    const int64_t kw = grid ? F.ngroups : 0;
-    auto vectors = [&](const float* in, float* out) -> int64_t {
-        if (kh == 3 && kw == 3) return flat_vectors<3, 3>(F, in, wt, out, W);
-        if (kh == 5 && kw == 5) return flat_vectors<5, 5>(F, in, wt, out, W);
-        if (kh == 1 && kw == 3) return flat_vectors<1, 3>(F, in, wt, out, W);
-        if (kh == 1 && kw == 5) return flat_vectors<1, 5>(F, in, wt, out, W);
-        return flat_vectors<0, 0>(F, in, wt, out, W);
-    };
+    const int64_t nph = P->sh * P->sw, HW = P->H * P->W;
+    FlatTaps T[16];
+    FlatPlan F[16];
+    float* free_ = scratch;
+    for (int64_t k = 0; k < nph; k++) {
+        const int64_t* ph = P->phases + 4 * k;
+        T[k] = FlatTaps{P->off + 2 * ph[2], ph[3] - ph[2], P->H, P->W};
+        F[k] = FlatPlan(T[k], free_);
+    }
+    float* planes = nph > 1 ? free_ : nullptr;
+    if (planes) free_ += nph * HW;
+    float* wt = free_;
+    const int64_t OW = P->W * P->sw;           // a result row
     for (int64_t pl = lo; pl < hi; pl++) {
         const int64_t n = pl / P->C, c = pl % P->C;
         const float* in = P->src + n * P->sn + c * P->sc;
         float* out = P->out + n * P->on + c * P->oc;
-        for (int64_t t = 0; t < P->ntap; t++) wt[t] = P->w[t * P->C + c];
-        flat_rows(P, in, wt, out, 0, F.ilo);
-        const int64_t i = vectors(in, out);
-        flat_rows(P, in, wt, out, i, F.HW);
+        for (int64_t e = 0; e < P->ntap; e++) wt[e] = P->w[P->widx[e] * P->C + c];
+        for (int64_t k = 0; k < nph; k++) {
+            const int64_t* ph = P->phases + 4 * k;
+            float* o = planes ? planes + k * HW : out;
+            if (T[k].ntap == 0) std::memset(o, 0, sizeof(float) * HW);
+            else flat_plane(T[k], F[k], in, wt + ph[2], o);
+        }
+        if (!planes) continue;
+        // the phases interleaved into the result's rows: row a * sh + rh, column
+        // b * sw + rw of phase (rh, rw)'s pixel (a, b) (phases numbered rh * sw + rw)
+        for (int64_t a = 0; a < P->H; a++)
+            for (int64_t rh = 0; rh < P->sh; rh++) {
+                const float* src = planes + rh * P->sw * HW + a * P->W;
+                float* dst = out + (a * P->sh + rh) * OW;
+                if (P->sw == 2) {
+                    interleave2(dst, src, src + HW, OW);
+                } else {
+                    for (int64_t rw = 0; rw < P->sw; rw++)
+                        for (int64_t b = 0; b < P->W; b++) dst[b * P->sw + rw] = src[rw * HW + b];
+                }
+            }
     }
 }
 
 // dw for the channels [c0, c1), each channel by one call (flat_wgrad_channel).
 void cg_flat_wgrad_run(const FlatProblem* P, int64_t c0, int64_t c1, float* scratch) {
-    const FlatPlan F(P, scratch);
-    int64_t kh = F.ngroups ? F.gfirst[1] - F.gfirst[0] : 0;
-    bool grid = F.ngroups > 0;
-    for (int g = 0; g < F.ngroups; g++) grid = grid && F.gfirst[g + 1] - F.gfirst[g] == kh;
-    const int64_t kw = grid ? F.ngroups : 0;
-    if (!grid) kh = 0;
+    const FlatTaps T{P->off, P->ntap, P->H, P->W};
+    float* free_ = scratch;
+    const FlatPlan F(T, free_);
+    const auto g = F.grid();
     for (int64_t c = c0; c < c1; c++) {
-        if (kh == 3 && kw == 3) flat_wgrad_channel<3, 3>(P, F, c);
-        else if (kh == 5 && kw == 5) flat_wgrad_channel<5, 5>(P, F, c);
-        else if (kh == 1 && kw == 3) flat_wgrad_channel<1, 3>(P, F, c);
-        else if (kh == 1 && kw == 5) flat_wgrad_channel<1, 5>(P, F, c);
-        else flat_wgrad_channel<0, 0>(P, F, c);
+        if (g == std::make_pair(3, 3)) flat_wgrad_channel<3, 3>(P, T, F, c);
+        else if (g == std::make_pair(5, 5)) flat_wgrad_channel<5, 5>(P, T, F, c);
+        else if (g == std::make_pair(1, 3)) flat_wgrad_channel<1, 3>(P, T, F, c);
+        else if (g == std::make_pair(1, 5)) flat_wgrad_channel<1, 5>(P, T, F, c);
+        else flat_wgrad_channel<0, 0>(P, T, F, c);
     }
 }
 
