@@ -31,6 +31,20 @@ def _fresh_choices():
     kernels.clear_choices()
 
 
+def recycled_results_and_decisions(monkeypatch, module=None, name=None):
+    """Every result from the pool (whatever its size, streaming allowed), and a list
+    that records each decision ``module.name`` makes from now on (None without one)."""
+    from convgrad.kernels import _results
+    monkeypatch.setattr(_results, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(_results, "MIN_BYTES", 0)
+    if module is None:
+        return None
+    decided = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a: decided.append(real(*a)) or decided[-1])
+    return decided
+
+
 @pytest.fixture
 def rng(request):
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))

@@ -18,7 +18,7 @@ from convgrad.kernels import grouped, native
 
 import naive
 from cases import caller_arrays
-from conftest import assert_close
+from conftest import assert_close, recycled_results_and_decisions
 
 if native.available() is not None:
     pytest.skip(f"native engine unavailable: {native.available()}", allow_module_level=True)
@@ -213,12 +213,7 @@ def test_grouped_results_stream_into_recycled_memory(isa, name, rng, monkeypatch
     written tile by tile; the values are the same either way (g7-4to3's 21 lanes fill
     no whole vectors: always tile stores)."""
     from convgrad.kernels import _results
-    monkeypatch.setattr(_results, "STREAM_MIN_BYTES", 0)
-    monkeypatch.setattr(_results, "MIN_BYTES", 0)
-    decided = []
-    real = grouped._streams_lines
-    monkeypatch.setattr(grouped, "_streams_lines",
-                        lambda out: decided.append(real(out)) or decided[-1])
+    decided = recycled_results_and_decisions(monkeypatch, grouped, "_streams_lines")
     c = CASES[name]
     x, w, dy = make_arrays(c, rng, np.float32, True)
     args = dict(strides=c["strides"], dilations=c["dilations"], pads_begin=c["pads_begin"],

@@ -20,7 +20,7 @@ from convgrad.kernels import native
 
 import naive
 from cases import caller_arrays, reference_results
-from conftest import assert_close
+from conftest import assert_close, recycled_results_and_decisions
 
 if native.available() is not None:
     if os.environ.get("CONVGRAD_REQUIRE_PEERS") == "1":     # CI: the engine must build
@@ -238,24 +238,28 @@ def test_streaming_stores_into_recycled_results(isa, rng, monkeypatch):
     products it sums (here the data gradient's stride phase with one tap: 64 products);
     the values are the same, and a fresh result is written with plain stores."""
     from convgrad.kernels import _results
-    monkeypatch.setattr(_results, "STREAM_MIN_BYTES", 0)
-    monkeypatch.setattr(_results, "MIN_BYTES", 0)
-    decided = []
-    real = _results.streams
-    monkeypatch.setattr(_results, "streams", lambda a: decided.append(real(a)) or decided[-1])
+    decided = recycled_results_and_decisions(monkeypatch, _results, "streams")
     case = _geometry(2, c=80, o=64, size=15, k=3, s=2, n=2)
-    x, w, dy = make_arrays(case, rng, np.float32, True)
+    _forward_and_data_rounds(case, rng, True, 3, isa=isa)
+    assert decided == [False, False, True, True, True, True]
+
+
+def _forward_and_data_rounds(case, rng, channels_last, rounds, **settings):
+    """The forward and data gradient of ``case`` ``rounds`` times on the native engine,
+    each result checked against the reference and dropped (its memory back to the pool)
+    before the next."""
+    from convgrad.kernels import _results
+    x, w, dy = make_arrays(case, rng, np.float32, channels_last)
     kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
     want = reference_results(case, x, w, dy)
     _results.clear()
-    with convgrad.config(algo="native", isa=isa):
-        for _ in range(3):
+    with convgrad.config(algo="native", **settings):
+        for _ in range(rounds):
             y = convgrad.conv_forward(x, w, **kw)
             dx = convgrad.conv_data_grad(w, dy, x.shape, **kw)
             assert_close(y, want[0], np.float32)
             assert_close(dx, want[2], np.float32)
             del y, dx
-    assert decided == [False, False, True, True, True, True]
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -264,24 +268,12 @@ def test_channels_first_pointwise_results_stream_into_recycled_memory(isa, rng, 
     channels, rows of a sample's positions) streams into recycled result memory whose
     rows are whole cache lines, and writes a fresh result with plain stores; same
     values either way."""
-    from convgrad.kernels import _results
-    monkeypatch.setattr(_results, "STREAM_MIN_BYTES", 0)
-    monkeypatch.setattr(_results, "MIN_BYTES", 0)
+    recycled_results_and_decisions(monkeypatch)
     seen = []
     real = native._corr
     monkeypatch.setattr(native, "_corr", lambda *a: seen.append(a[-1]) or real(*a))
     case = _geometry(2, c=48, o=40, size=16, k=1, pb=0, pe=0, n=2)
-    x, w, dy = make_arrays(case, rng, np.float32, False)
-    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
-    want = reference_results(case, x, w, dy)
-    _results.clear()
-    with convgrad.config(algo="native", isa=isa, threads=1):
-        for _ in range(2):
-            y = convgrad.conv_forward(x, w, **kw)
-            dx = convgrad.conv_data_grad(w, dy, x.shape, **kw)
-            assert_close(y, want[0], np.float32)
-            assert_close(dx, want[2], np.float32)
-            del y, dx
+    _forward_and_data_rounds(case, rng, False, 2, isa=isa, threads=1)
     # one _corr call per sample: fresh results first, then the recycled ones
     assert seen == [False] * 4 + [True] * 4
 

@@ -20,7 +20,7 @@ from convgrad.geometry import make_geometry
 from convgrad.kernels import native, winograd
 
 from cases import caller_arrays, reference_results
-from conftest import assert_close
+from conftest import assert_close, recycled_results_and_decisions
 
 if native.available() is not None:
     if os.environ.get("CONVGRAD_REQUIRE_PEERS") == "1":     # CI: the engine must build
@@ -402,12 +402,7 @@ def test_channels_first_results_stream_into_recycled_memory(isa, rng, monkeypatc
     as plain stores (engine debug bit 2048), equal to the reference; fresh results and
     misaligned channel rows keep plain stores."""
     from convgrad.kernels import _results
-    monkeypatch.setattr(_results, "STREAM_MIN_BYTES", 0)
-    monkeypatch.setattr(_results, "MIN_BYTES", 0)
-    decided = []
-    real = winograd._streams_channels
-    monkeypatch.setattr(winograd, "_streams_channels",
-                        lambda out: decided.append(real(out)) or decided[-1])
+    decided = recycled_results_and_decisions(monkeypatch, winograd, "_streams_channels")
     for size, stream in ((128, True), (100, False)):        # 100 floats: rows not aligned
         case = geometry(1, n=2, c=24, o=16, size=size)
         x, w, dy = make_arrays(case, rng, np.float32, False)
