@@ -749,11 +749,10 @@ def _flat(geom: ConvGeometry, *data: np.ndarray, op: str = "fwd") -> bool:
 def _flat_run(lib, op: str, src: np.ndarray, w: np.ndarray, out: np.ndarray,
               geom: ConvGeometry) -> np.ndarray:
     """The flat-plane depthwise kernel: a data gradient (or forward) over ranges of the
-    result's planes.  (A weight gradient on flat planes, 9 masked sums a vector, ran
-    0.83-0.85x the planar kernel's speed on MobileNetV2: it keeps the planar one.)"""
+    result's planes (:func:`_flat_wgrad` for the weight gradient)."""
     H, W = native._pad3(geom.out_sizes, 1)[1:]       # the source planes (dy, or x)
     ntap = math.prod(geom.kernel)
-    off, phases, widx = _flat_phases(geom, op)
+    off, phases, widx = _flat_phase_table(geom, op)
     wt = np.ascontiguousarray(w.reshape(ntap, geom.c), np.float32)
     st, ost = [s // 4 for s in src.strides], [s // 4 for s in out.strides]
     sh, sw = native._pad3(geom.strides, 1)[1:] if op == "dgrad" else (1, 1)
@@ -767,16 +766,17 @@ def _flat_run(lib, op: str, src: np.ndarray, w: np.ndarray, out: np.ndarray,
     _pool.run_native(lib, "cg_flat_corr_run",
                      [(pp, lo, hi) for lo, hi in _pool.split(geom.n * geom.c, 4 * threads)],
                      threads, per_thread)
-    del prob, buf, off, wt, phases, widx
+    del prob, buf, wt
     return out
 
 
 @functools.lru_cache(maxsize=64)
 def _flat_phase_table(geom: ConvGeometry, op: str) -> tuple:
     """(tap entries' offsets (row, column), phases (rh, rw, first, end entry), entries'
-    weight taps) of a flat-plane problem: the forward convolution's taps, or the data
-    gradient's per stride phase of dx -- tap (kh, kw) reaches dx[a*sh + rh] from dy[a + e]
-    with e = (rh + pb - kh*d) / sh where that divides (every phase of the size of dy)."""
+    weight taps) of a flat-plane problem, read-only: the forward convolution's taps (also
+    a weight gradient's: the x pixel a dy pixel meets), or the data gradient's per stride
+    phase of dx -- tap (kh, kw) reaches dx[a*sh + rh] from dy[a + e] with
+    e = (rh + pb - kh*d) / sh where that divides (every phase of the size of dy)."""
     k2, d2, p2 = (native._pad3(geom.kernel, 1)[1:], native._pad3(geom.dilations, 1)[1:],
                   native._pad3(geom.pads_begin, 0)[1:])
     s2 = native._pad3(geom.strides, 1)[1:] if op == "dgrad" else (1, 1)
@@ -796,21 +796,11 @@ def _flat_phase_table(geom: ConvGeometry, op: str) -> tuple:
                     off.append(e)
                     widx.append(kh * k2[1] + kw)
             phases.append((rh, rw, first, len(widx)))
-    return (np.array(off, np.int64).reshape(-1), np.array(phases, np.int64).reshape(-1),
-            np.array(widx, np.int64))
-
-
-def _flat_phases(geom: ConvGeometry, op: str):
-    return tuple(a.copy() for a in _flat_phase_table(geom, op))
-
-
-def _flat_offsets(geom: ConvGeometry, sign: int) -> np.ndarray:
-    """Per tap (row-major), the (row, column) offset of the source pixel a result pixel
-    meets: the forward convolution's (sign 1) or the data gradient's (sign -1)."""
-    k2, d2, p2 = (native._pad3(geom.kernel, 1)[1:], native._pad3(geom.dilations, 1)[1:],
-                  native._pad3(geom.pads_begin, 0)[1:])
-    return np.array([(sign * (kh * d2[0] - p2[0]), sign * (kw * d2[1] - p2[1]))
-                     for kh in range(k2[0]) for kw in range(k2[1])], np.int64).reshape(-1)
+    table = (np.array(off, np.int64).reshape(-1), np.array(phases, np.int64).reshape(-1),
+             np.array(widx, np.int64))
+    for a in table:
+        a.setflags(write=False)
+    return table
 
 
 def _flat_wgrad(lib, x: np.ndarray, dy: np.ndarray, dw: np.ndarray, geom: ConvGeometry
@@ -819,7 +809,7 @@ def _flat_wgrad(lib, x: np.ndarray, dy: np.ndarray, dw: np.ndarray, geom: ConvGe
     float32: ranges of channels, each channel's sum over the samples in a fixed order by
     one thread."""
     H, W = native._pad3(geom.in_sizes, 1)[1:]
-    off = _flat_offsets(geom, 1)
+    off = _flat_phase_table(geom, "wgrad")[0]         # (one phase: the forward's taps)
     st, yst = [s // 4 for s in x.strides], [s // 4 for s in dy.strides]
     prob = _Flat(x.ctypes.data, dw.ctypes.data, st[0], st[-1], 0, 0, dy.ctypes.data, geom.n,
                  geom.c, H, W, math.prod(geom.kernel), off.ctypes.data, yst[0], yst[-1], 1, 1,
@@ -831,7 +821,7 @@ def _flat_wgrad(lib, x: np.ndarray, dy: np.ndarray, dw: np.ndarray, geom: ConvGe
     _pool.run_native(lib, "cg_flat_wgrad_run",
                      [(pp, lo, hi) for lo, hi in _pool.split(geom.c, 4 * threads)],
                      threads, per_thread)
-    del prob, buf, off
+    del prob, buf
     return dw
 
 
