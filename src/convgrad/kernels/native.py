@@ -1164,10 +1164,10 @@ def _cf_wgrad(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, dw
     parts = None
     # (each task zeroes the gradient or partial it adds into first)
     if chunks == 1:
-        tasks = [(0, lines, 0, nob, dw.ctypes.data, 1)]
+        tasks = [(0, lines, 0, nob, dw.ctypes.data, 0)]
     else:
         parts = scratch("native-partials", (chunks, dw.size), np.float32, zero=False)
-        tasks = [(lo, hi, 0, nob, parts[i].ctypes.data, 1)
+        tasks = [(lo, hi, 0, nob, parts[i].ctypes.data, 0)
                  for i, (lo, hi) in enumerate(_pool.split(lines, chunks))]
     table = _i64(tasks).reshape(-1, 6)
     prob = _Cfw(x.ctypes.data, dy.ctypes.data, (_I64 * 4)(*strides4(x)),
@@ -1239,19 +1239,19 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     # split outputs: each task reads (and converts, for NCX or 16-bit callers) every
     # position, so fewer tasks when that costs a conversion
     nsplit = threads if (_is_packed(x) or _is_packed(dy)) else 2 * threads
-    # (every task zeroes the part of dw, or the partial, it adds into: the 1 at the end)
+    # (every task zeroes the part of dw, or the partial, it adds into)
     if plan.split_outputs and ntap >= nsplit:
         # whole taps per task: every x panel is packed by one task only
-        tasks = [(0, nitems, 0, nblocks, lo, hi, dw.ctypes.data, 1)
+        tasks = [(0, nitems, 0, nblocks, lo, hi, dw.ctypes.data)
                  for lo, hi in _pool.split(ntap, nsplit)]
     elif plan.split_outputs:
-        tasks = [(0, nitems, lo, hi, 0, ntap, dw.ctypes.data, 1)
+        tasks = [(0, nitems, lo, hi, 0, ntap, dw.ctypes.data)
                  for lo, hi in _pool.split(nblocks, nsplit)]
     elif plan.chunks == 1:
-        tasks = [(0, nitems, 0, nblocks, 0, ntap, dw.ctypes.data, 1)]
+        tasks = [(0, nitems, 0, nblocks, 0, ntap, dw.ctypes.data)]
     else:
         parts = scratch("native-partials", (plan.chunks, dw.size), np.float32, zero=False)
-        tasks = [(lo, hi, 0, nblocks, 0, ntap, parts[i].ctypes.data, 1)
+        tasks = [(lo, hi, 0, nblocks, 0, ntap, parts[i].ctypes.data)
                  for i, (lo, hi) in enumerate(_pool.split(nitems, plan.chunks))]
     tasks_a = _i64(tasks)
     need = int(eng.lib.cg_wgrad_scratch(pp, 0, nitems))

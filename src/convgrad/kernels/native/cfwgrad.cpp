@@ -36,8 +36,7 @@ extern "C" {
 // x (N, C, D, H, W) and dy (N, O, Md, Mh, Mw) float32 with unit w strides, their other
 // strides in floats; dw (*K, C, O) or a partial of it.  Task k (tasks[6k .. 6k + 5]):
 // output lines [l0, l1) (numbered (n * Md + d) * Mh + h), output blocks [b0, b1),
-// address of the dw it adds into, zero (!= 0: the task zeroes its blocks of that dw
-// first; else the caller did).
+// address of the dw it adds into (the task zeroes its blocks of that dw first), unused.
 struct CfwProblem {
     const float* x;
     const float* dy;
@@ -62,8 +61,7 @@ void cg_cfw_run(const CfwProblem* P, int64_t k, float* scratch) {
     const int64_t* task = P->tasks + 6 * k;
     const int64_t b0 = task[2], b1 = task[3];
     float* dw = (float*)(intptr_t)task[4];
-    if (task[5])
-        zero_blocks(dw, P->K[0] * P->K[1] * P->K[2] * P->C, P->O, P->O, P->nv * VL, b0, b1);
+    zero_blocks(dw, P->K[0] * P->K[1] * P->K[2] * P->C, P->O, P->O, P->nv * VL, b0, b1);
     const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
     const int64_t C = P->C, O = P->O, Mw = P->M[2];
     const int64_t nct = (C + mr - 1) / mr;

@@ -620,11 +620,11 @@ int64_t cg_wgrad_scratch(const WgradProblem* P, int64_t lo, int64_t hi);
 void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, int64_t obhi,
                   int64_t tlo, int64_t thi, float* dw, float* scratch);
 
-// Tasks [0, n), each (lo, hi, oblo, obhi, tlo, thi, address of its dw or partial, zero):
-// the items [lo, hi) for the output blocks [oblo, obhi) and the taps [tlo, thi), shared by
+// Tasks [0, n), each (lo, hi, oblo, obhi, tlo, thi, address of its dw or partial): the
+// items [lo, hi) for the output blocks [oblo, obhi) and the taps [tlo, thi), shared by
 // the threads calling this at once through the atomic counter *next (see
 // cg_corr_run_shared); every task writes its own output, so who runs it does not matter.
-// zero != 0: the task first zeroes the part of its dw it adds into (taps x blocks).
+// A task first zeroes the part of its dw it adds into (taps x blocks).
 void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const int64_t* tasks,
                          float* scratch);
 
@@ -1107,13 +1107,10 @@ void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const 
     for (;;) {
         const int64_t k = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
         if (k >= n) return;
-        const int64_t* t = tasks + 8 * k;
+        const int64_t* t = tasks + 7 * k;
         float* dw = (float*)(intptr_t)t[6];
-        if (t[7]) {
-            const int64_t og = P->O / P->groups, cg = P->C / P->groups;
-            zero_blocks(dw + t[4] * cg * P->O, (t[5] - t[4]) * cg, P->O, og, P->nv * VL, t[2],
-                        t[3]);
-        }
+        const int64_t og = P->O / P->groups, cg = P->C / P->groups;
+        zero_blocks(dw + t[4] * cg * P->O, (t[5] - t[4]) * cg, P->O, og, P->nv * VL, t[2], t[3]);
         cg_wgrad_run(P, t[0], t[1], t[2], t[3], t[4], t[5], dw, scratch);
     }
 }
