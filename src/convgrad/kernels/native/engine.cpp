@@ -643,7 +643,7 @@ void cg_sum_parts(const PartsSum* P, int64_t lo, int64_t hi);
 namespace {
 
 // Positions per sweep when the x rows are read in place (see wgrad_gemm).
-constexpr int64_t WG_INPLACE_SWEEP = 128;
+constexpr int64_t WG_INPLACE_SWEEP = 256;
 
 // dw[t][g-block tiles] += A^T B over nl lines of np positions.  A: the x rows, lda
 // floats apart (lines aline apart) -- channel tile ct of group g at channel
@@ -656,7 +656,9 @@ constexpr int64_t WG_INPLACE_SWEEP = 128;
 //   (whole lines when there are several), each channel tile meeting all its output
 //   blocks while its lines are in L1 (the B rows of the sweep, og x 128 floats, stay
 //   in L1/L2).  Against the packed order below: ResNet-50 res2 1x1 weight gradient
-//   1.1-1.3x, res3 stride-2 1.15x (2 threads).
+//   1.1-1.3x, res3 stride-2 1.15x (2 threads).  256 positions rather than 128:
+//   1.00-1.05x on res2 1x1, res4, res5, DeepLab, DCGAN (AVX-512, hot, 2026-11-26;
+//   32 and 64: 0.81-0.95x).  The tile prefetches these rows (gemm_tile).
 // * packed panels: blocks of channel tiles whose A panels fit in L2 are swept by
 //   every output block in turn (the B rows of one block stay in L1).
 void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astripe,
