@@ -22,6 +22,7 @@ constexpr int CORR_RMAX[5] = {0, 12, 6, 4, 3};
 #endif
 constexpr int BMAX = 4;
 constexpr int64_t GEMM_PF = 8;
+constexpr int64_t GEMM_PF_FAR = 32, GEMM_PF_FAR_FROM = 128;
 
 // C_i[k*NB + j] += sum_l sum_p A_i[l*aline + p*lda] * B_k[l*bline + p*NB + j] for MR
 // rows i and BK blocks k of B (B_k = B + k*bstride), over nl lines of np positions;
@@ -48,8 +49,13 @@ void gemm_tile(int64_t np, int64_t nl, const float* const* a, int64_t lda, int64
     // a power-of-two stride apart, share a few L1 sets, and the tile stalled on its
     // broadcasts.  AVX-512, hot, 2 threads: ResNet-50 res2 1x1 weight gradient 1.13x,
     // res4 1.04x, DCGAN 1.03x, DeepLab 1.02x, res5 level (4 and 16 ahead: no better).
-    // Engine debug bit 4096 turns it off.
-    const int64_t pfo = (lda > NB && !(cg_engine_dbg & 4096)) ? GEMM_PF * lda : 0;
+    // Runs of at least GEMM_PF_FAR_FROM positions (one long line: a 1x1 layer's rows,
+    // read once from memory) prefetch GEMM_PF_FAR ahead: res2 1x1 1.10-1.70x after the
+    // benchmark's pause, 0.96-0.98x hot; 32 ahead on the short lines of res3-res5 and
+    // DCGAN was 0.76-0.97x (lines of 7-32 positions: it fetched rows of other lines).
+    // Engine debug bits: 4096 no prefetch, 8192 never the far one.
+    const int64_t pfo = (lda > NB && !(cg_engine_dbg & 4096))
+        ? ((np >= GEMM_PF_FAR_FROM && !(cg_engine_dbg & 8192)) ? GEMM_PF_FAR : GEMM_PF) * lda : 0;
     for (int64_t l = 0; l < nl; l++, B += bline) {
         for (int64_t p = 0; p < np; p++) {
             if (pfo) {
