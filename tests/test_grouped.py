@@ -324,8 +324,8 @@ def test_flat_planes_take_same_size_channels_first_depthwise(isa, hw, k, d, rng,
     column masks, the rows where a tap leaves the plane in row pieces): equal to the
     reference on planes smaller than a vector, one row, dilations; a NaN and an Inf at row
     ends (where masked lanes read) reach exactly the outputs the float64 definition gives
-    them (D17); the weight gradient bitwise the same on 1-3 threads.  Channels-last,
-    strided and 16-bit calls do not take them."""
+    them (D17); the weight gradient bitwise the same on 1-3 threads.  Channels-last and
+    16-bit calls do not take them (strided ones: the test below)."""
     taken = []
     real, real_w = grouped._flat_run, grouped._flat_wgrad
     monkeypatch.setattr(grouped, "_flat_run", lambda *a: taken.append(a[1]) or real(*a))
@@ -371,39 +371,55 @@ def test_flat_planes_take_same_size_channels_first_depthwise(isa, hw, k, d, rng,
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("hw,k,s,pb,pe", [((16, 22), 3, 2, 1, 0), ((12, 10), 4, 2, 1, 1),
-                                          ((9, 12), 3, 3, 1, 1), ((14,), 5, 2, 2, 1),
-                                          ((6, 8), 2, 2, 0, 0)],
-                         ids=["mobilenet-s2", "k4s2", "s3", "1d-k5s2", "k2s2"])
-def test_flat_planes_take_strided_depthwise_data_gradients(isa, hw, k, s, pb, pe, rng,
-                                                            monkeypatch):
-    """A channels-first float32 depthwise data gradient whose dx is s times dy on every
-    axis runs on flat planes phase by phase (each stride phase of dx one flat correlation
-    of dy, interleaved into the rows): equal to the float64 definition, NaN and Inf at row
-    ends included (D17)."""
+@pytest.mark.parametrize("hw,k,s,d,pb,pe", [((16, 22), 3, 2, 1, 1, 0), ((12, 10), 4, 2, 1, 1, 1),
+                                            ((9, 12), 3, 3, 1, 1, 1), ((14,), 5, 2, 1, 2, 1),
+                                            ((6, 8), 2, 2, 1, 0, 0), ((16, 16), 3, 2, 2, 2, 1)],
+                         ids=["mobilenet-s2", "k4s2", "s3", "1d-k5s2", "k2s2", "s2-dilated"])
+def test_flat_planes_take_strided_depthwise_gradients(isa, hw, k, s, d, pb, pe, rng,
+                                                      monkeypatch):
+    """Channels-first float32 depthwise data and weight gradients whose x is s times dy on
+    every axis run on flat planes phase by phase: each stride phase of dx one flat
+    correlation of dy, interleaved into the rows; each x plane cut into its phase planes,
+    every tap a shift of one of them.  Equal to the float64 definition, NaN and Inf at
+    row ends included (D17); the weight gradient bitwise the same on 1-3 threads."""
     taken = []
-    real = grouped._flat_run
+    real, real_w = grouped._flat_run, grouped._flat_wgrad
     monkeypatch.setattr(grouped, "_flat_run", lambda *a: taken.append(a[1]) or real(*a))
+    monkeypatch.setattr(grouped, "_flat_wgrad",
+                        lambda *a: taken.append("wgrad") or real_w(*a))
     C, n, r = 12, 2, len(hw)
-    out = tuple((L + pb + pe - k) // s + 1 for L in hw)
+    out = tuple((L + pb + pe - d * (k - 1) - 1) // s + 1 for L in hw)
     assert all(L == s * m for L, m in zip(hw, out))
+    x = rng.standard_normal((n, C) + hw).astype(np.float32)
     w = rng.standard_normal((C, 1) + (k,) * r).astype(np.float32)
     dy = rng.standard_normal((n, C) + out).astype(np.float32)
+    x[0, 1, ..., -1] = np.nan
+    x[1, 2, ..., 0] = np.inf
+    x[0, 6, ..., -2] = -np.inf
     dy[0, 3, ..., -1] = -np.inf
     dy[1, 4, ..., 0] = np.nan
     w[5].flat[0] = np.nan
-    geo = dict(strides=(s,) * r, dilations=(1,) * r, pads_begin=(pb,) * r, groups=C)
+    geo = dict(strides=(s,) * r, dilations=(d,) * r, pads_begin=(pb,) * r, groups=C)
     with np.errstate(invalid="ignore"):
         want = naive.dgrad(w.astype(np.float64), dy.astype(np.float64), hw, **geo)
-    with convgrad.config(algo="grouped", isa=isa, threads=2):
-        dx = convgrad.conv_data_grad(w, dy, (n, C) + hw, strides=[s] * r, pads_begin=[pb] * r,
-                                     pads_end=[pe] * r, groups=C)
-    assert taken == ["dgrad"]
-    np.testing.assert_array_equal(np.isnan(dx), np.isnan(want))
-    np.testing.assert_array_equal(np.isinf(dx), np.isinf(want))
-    fin = np.isfinite(want)
-    assert fin.any() and not fin.all()
-    assert_close(dx[fin], want[fin], np.float32)
+        want_dw = naive.wgrad(x.astype(np.float64), dy.astype(np.float64), (k,) * r, **geo)
+    kw = dict(strides=[s] * r, dilations=[d] * r, pads_begin=[pb] * r, pads_end=[pe] * r,
+              groups=C)
+    dws = []
+    for threads in (2, 1, 3):
+        with convgrad.config(algo="grouped", isa=isa, threads=threads):
+            if threads == 2:
+                dx = convgrad.conv_data_grad(w, dy, (n, C) + hw, **kw)
+            dws.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
+    assert taken == ["dgrad", "wgrad", "wgrad", "wgrad"]
+    for other in dws[1:]:
+        np.testing.assert_array_equal(other, dws[0])
+    for got, ref in ((dx, want), (dws[0], want_dw)):
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
+        fin = np.isfinite(ref)
+        assert fin.any() and not fin.all()
+        assert_close(got[fin], ref[fin], np.float32)
 
 
 @pytest.mark.parametrize("isa", ISAS)

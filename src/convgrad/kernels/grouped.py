@@ -575,7 +575,7 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     threads = _threads(x.nbytes + dy.nbytes)
     if _streams_depthwise(geom, x, dy):
         return _depthwise_wgrad(lib, eng.vl, x, dy, geom, result, threads)
-    if _flat(geom, x, dy):
+    if _flat(geom, x, dy, op="wgrad"):
         return _flat_wgrad(lib, x, dy, result, geom)
     if _planar(geom, "wgrad", x, dy):
         return _planar_run(lib, "wgrad", x, dy, None, result, geom, threads)
@@ -720,27 +720,31 @@ def _planar_run(lib, op: str, src: np.ndarray, dy: np.ndarray | None, w: np.ndar
 
 # Flat-plane kernels take taps up to this many (grouped.cpp: FLAT_TAPS).
 FLAT_TAPS = 64
+# A strided flat-plane call keeps the phase planes of one x (dx) plane per thread, at most
+# this many bytes (larger planes take the planar kernels).
+FLAT_PHASE_BYTES = 4 * 2**20
 
 
 def _flat(geom: ConvGeometry, *data: np.ndarray, op: str = "fwd") -> bool:
     """Whether a depthwise problem takes the flat-plane kernels (grouped.cpp:
     cg_flat_*): one channel per group and multiplier 1, 1-D or 2-D, every operand
     float32 with each channel's plane contiguous (channels-first memory), and stride 1
-    with a result the size of the input ("same" padding) -- or, for a data gradient,
-    strides whose every phase of dx has dy's size (dx s times dy on each axis)."""
+    with a result the size of the input ("same" padding) -- or, for a data or weight
+    gradient, strides whose every phase of x has dy's size (x s times dy on each axis)."""
     if (not (geom.groups == geom.c == geom.o) or geom.spatial_rank > 2
             or math.prod(geom.kernel) > FLAT_TAPS):
         return False
-    if op == "dgrad" and math.prod(geom.strides) > 1:
-        if (math.prod(geom.strides) > 16 or any(
-                L != s * m for L, s, m in zip(geom.in_sizes, geom.strides, geom.out_sizes))):
+    if op in ("dgrad", "wgrad") and math.prod(geom.strides) > 1:
+        # (each thread keeps the phase planes of one x or dx plane)
+        if (math.prod(geom.strides) > 16 or 4 * math.prod(geom.in_sizes) > FLAT_PHASE_BYTES
+                or any(L != s * m
+                       for L, s, m in zip(geom.in_sizes, geom.strides, geom.out_sizes))):
             return False
     elif any(s != 1 for s in geom.strides) or geom.in_sizes != geom.out_sizes:
         return False
-    plane = math.prod(geom.out_sizes)
     for a in data:
         st = a.strides
-        if (a.dtype != np.float32 or st[-2] != 4 or st[-1] < plane * 4
+        if (a.dtype != np.float32 or st[-2] != 4 or st[-1] < math.prod(a.shape[1:-1]) * 4
                 or (a.ndim == 4 and st[1] != a.shape[2] * 4)):
             return False
     return True
@@ -773,20 +777,27 @@ def _flat_run(lib, op: str, src: np.ndarray, w: np.ndarray, out: np.ndarray,
 @functools.lru_cache(maxsize=64)
 def _flat_phase_table(geom: ConvGeometry, op: str) -> tuple:
     """(tap entries' offsets (row, column), phases (rh, rw, first, end entry), entries'
-    weight taps) of a flat-plane problem, read-only: the forward convolution's taps (also
-    a weight gradient's: the x pixel a dy pixel meets), or the data gradient's per stride
-    phase of dx -- tap (kh, kw) reaches dx[a*sh + rh] from dy[a + e] with
-    e = (rh + pb - kh*d) / sh where that divides (every phase of the size of dy)."""
+    weight taps) of a flat-plane problem, read-only: the forward convolution's taps, or
+    the data gradient's per stride phase of dx -- tap (kh, kw) reaches dx[a*sh + rh] from
+    dy[a + e] with e = (rh + pb - kh*d) / sh where that divides (every phase of the size
+    of dy) -- or the weight gradient's per stride phase of x: dy[a] meets
+    x[a*sh + kh*d - pb] = phase rh's row a + e, e = (kh*d - pb - rh) / sh where that
+    divides (at stride 1: the forward's taps)."""
     k2, d2, p2 = (native._pad3(geom.kernel, 1)[1:], native._pad3(geom.dilations, 1)[1:],
                   native._pad3(geom.pads_begin, 0)[1:])
-    s2 = native._pad3(geom.strides, 1)[1:] if op == "dgrad" else (1, 1)
+    s2 = native._pad3(geom.strides, 1)[1:] if op in ("dgrad", "wgrad") else (1, 1)
     off, phases, widx = [], [], []
     for rh in range(s2[0]):
         for rw in range(s2[1]):
             first = len(widx)
             for kh in range(k2[0]):
                 for kw in range(k2[1]):
-                    if op != "dgrad":
+                    if op == "wgrad":
+                        num = (kh * d2[0] - p2[0] - rh, kw * d2[1] - p2[1] - rw)
+                        if num[0] % s2[0] or num[1] % s2[1]:
+                            continue
+                        e = (num[0] // s2[0], num[1] // s2[1])
+                    elif op != "dgrad":
                         e = (kh * d2[0] - p2[0], kw * d2[1] - p2[1])
                     else:
                         num = (rh + p2[0] - kh * d2[0], rw + p2[1] - kw * d2[1])
@@ -807,13 +818,15 @@ def _flat_wgrad(lib, x: np.ndarray, dy: np.ndarray, dw: np.ndarray, geom: ConvGe
                 ) -> np.ndarray:
     """The flat-plane depthwise weight gradient (cg_flat_wgrad_run) into ``dw`` (*K, 1, C)
     float32: ranges of channels, each channel's sum over the samples in a fixed order by
-    one thread."""
-    H, W = native._pad3(geom.in_sizes, 1)[1:]
-    off = _flat_phase_table(geom, "wgrad")[0]         # (one phase: the forward's taps)
+    one thread.  At stride s each x plane is cut into its s x s phase planes (the size
+    of dy's), and every tap reads one of them at a shift."""
+    H, W = native._pad3(geom.out_sizes, 1)[1:]        # dy's planes (x's: s times them)
+    off, phases, widx = _flat_phase_table(geom, "wgrad")
+    sh, sw = native._pad3(geom.strides, 1)[1:]
     st, yst = [s // 4 for s in x.strides], [s // 4 for s in dy.strides]
     prob = _Flat(x.ctypes.data, dw.ctypes.data, st[0], st[-1], 0, 0, dy.ctypes.data, geom.n,
-                 geom.c, H, W, math.prod(geom.kernel), off.ctypes.data, yst[0], yst[-1], 1, 1,
-                 None, None)
+                 geom.c, H, W, len(widx), off.ctypes.data, yst[0], yst[-1], sh, sw,
+                 phases.ctypes.data, widx.ctypes.data)
     pp = ctypes.addressof(prob)
     threads = _threads(x.nbytes + dy.nbytes)
     buf, per_thread = _pool.thread_scratch("grouped-scratch", int(lib.cg_flat_scratch(pp)),

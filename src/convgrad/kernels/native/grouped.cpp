@@ -1978,10 +1978,12 @@ void flat_plane(const FlatTaps& T, const FlatPlan& F, const float* in, const flo
 }
 
 // dw of one channel: every sample's x and dy planes in order, each tap a sum over the
-// flat positions (a fixed order: the result does not depend on the threads).
+// flat positions (a fixed order: the result does not depend on the threads).  At
+// stride sh x sw, x's plane (sh*H x sw*W) is first cut into its phase planes (H x W
+// each, in ``planes``), and tap entry t reads phase eph[t] at its shift.
 template <int KH, int KW>
 void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan& F,
-                        int64_t c) {
+                        int64_t c, const int* eph, float* planes) {
     constexpr bool fixed = KH > 0;
     constexpr int NT = fixed ? KH * KW : FLAT_TAPS;
     const int64_t W = T.W, nt = T.ntap;
@@ -1992,9 +1994,27 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan&
     float edge[FLAT_TAPS];
     for (int k = 0; k < F.gfirst[F.ngroups]; k++) acc[k] = zero();
     for (int64_t t = 0; t < nt; t++) edge[t] = 0.0f;
+    const int64_t HW = T.H * W, nph = P->sh * P->sw;
+    const float* xb[NT];
     for (int64_t n = 0; n < P->N; n++) {
         const float* x = P->src + n * P->sn + c * P->sc;
         const float* dy = P->w + n * P->yn + c * P->yc;
+        if (nph > 1) {
+            // phase (rh, rw)'s row a, column b: x[a*sh + rh][b*sw + rw]
+            const int64_t XW = W * P->sw;
+            for (int64_t hx = 0; hx < T.H * P->sh; hx++) {
+                const float* xr = x + hx * XW;
+                float* d = planes + (hx % P->sh) * P->sw * HW + (hx / P->sh) * W;
+                if (P->sw == 2) {
+                    deinterleave2(d, d + HW, xr, XW);
+                } else {
+                    for (int64_t rw = 0; rw < P->sw; rw++)
+                        for (int64_t b = 0; b < W; b++) d[rw * HW + b] = xr[b * P->sw + rw];
+                }
+            }
+        }
+        auto base = [&](int64_t t) { return nph > 1 ? planes + eph[t] * HW : x; };
+        for (int k = 0; k < F.gfirst[F.ngroups]; k++) xb[k] = base(F.order[k]);
         // the row pieces the vectors leave out, tap by tap
         auto rows = [&](int64_t a, int64_t b) {
             while (a < b) {
@@ -2002,7 +2022,7 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan&
                 for (int64_t t = 0; t < nt; t++) {
                     const int64_t hh = h + T.off[2 * t], ow = T.off[2 * t + 1];
                     if (hh < 0 || hh >= T.H) continue;
-                    const float* r = x + hh * W + ow;
+                    const float* r = base(t) + hh * W + ow;
                     const float* d = dy + h * W;
                     float e = 0.0f;
                     for (int64_t w = std::max(w0, -ow); w < std::min(w1, W - ow); w++)
@@ -2013,8 +2033,20 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan&
             }
         };
         rows(0, F.ilo);
+        // the next planes (this channel's next sample, or the next channel's first)
+        // are prefetched along, a cache line of dy and nph of x per 16 pixels
+        const bool last = n + 1 == P->N;
+        const char* xn = (const char*)(last ? (c + 1 < P->C ? P->src + (c + 1) * P->sc : nullptr)
+                                            : x + P->sn);
+        const char* yn = (const char*)(last ? (c + 1 < P->C ? P->w + (c + 1) * P->yc : nullptr)
+                                            : dy + P->yn);
+        if (cg_engine_dbg & 16384) xn = nullptr;
         int64_t i = F.ilo, col = i % W;
         for (; i + VL <= F.ihi; i += VL) {
+            if (xn && (i & 15) < VL) {
+                __builtin_prefetch(yn + 4 * i);
+                for (int64_t j = 0; j < nph; j++) __builtin_prefetch(xn + 4 * (i * nph + 16 * j));
+            }
             const vf d = load(dy + i);
 #pragma GCC unroll 8
             for (int g = 0; g < ng; g++) {
@@ -2023,10 +2055,10 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan&
                 if (F.mask[g]) {
                     const vf m = load(F.mask[g] + col);
 #pragma GCC unroll 8
-                    for (int k = k0; k < k1; k++) acc[k] += keep(d * load(x + i + sh[k]), m);
+                    for (int k = k0; k < k1; k++) acc[k] += keep(d * load(xb[k] + i + sh[k]), m);
                 } else {
 #pragma GCC unroll 8
-                    for (int k = k0; k < k1; k++) acc[k] += d * load(x + i + sh[k]);
+                    for (int k = k0; k < k1; k++) acc[k] += d * load(xb[k] + i + sh[k]);
                 }
             }
             col += VL;
@@ -2036,7 +2068,7 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan&
     }
     for (int k = 0; k < F.gfirst[F.ngroups]; k++) {
         const int t = F.order[k];
-        P->out[t * P->C + c] = hsum(acc[k]) + edge[t];
+        P->out[(P->widx ? P->widx[t] : t) * P->C + c] = hsum(acc[k]) + edge[t];
     }
 }
 
@@ -2094,17 +2126,29 @@ void cg_flat_corr_run(const FlatProblem* P, int64_t lo, int64_t hi, float* scrat
 }
 
 // dw for the channels [c0, c1), each channel by one call (flat_wgrad_channel).
+// At stride sh x sw the tap entries come phase by phase (P->phases: rh, rw, first and
+// end entry), each a shift on its phase plane of x, and P->widx gives their taps.
 void cg_flat_wgrad_run(const FlatProblem* P, int64_t c0, int64_t c1, float* scratch) {
     const FlatTaps T{P->off, P->ntap, P->H, P->W};
     float* free_ = scratch;
     const FlatPlan F(T, free_);
+    const int64_t nph = P->sh * P->sw;
+    float* planes = nph > 1 ? free_ : nullptr;
+    int eph[FLAT_TAPS];
+    for (int64_t k = 0; k < nph; k++) {
+        const int64_t* ph = P->phases ? P->phases + 4 * k : nullptr;
+        if (!ph) break;
+        for (int64_t t = ph[2]; t < ph[3]; t++) eph[t] = (int)(ph[0] * P->sw + ph[1]);
+    }
+    if (nph == 1)
+        for (int64_t t = 0; t < P->ntap; t++) eph[t] = 0;
     const auto g = F.grid();
     for (int64_t c = c0; c < c1; c++) {
-        if (g == std::make_pair(3, 3)) flat_wgrad_channel<3, 3>(P, T, F, c);
-        else if (g == std::make_pair(5, 5)) flat_wgrad_channel<5, 5>(P, T, F, c);
-        else if (g == std::make_pair(1, 3)) flat_wgrad_channel<1, 3>(P, T, F, c);
-        else if (g == std::make_pair(1, 5)) flat_wgrad_channel<1, 5>(P, T, F, c);
-        else flat_wgrad_channel<0, 0>(P, T, F, c);
+        if (g == std::make_pair(3, 3)) flat_wgrad_channel<3, 3>(P, T, F, c, eph, planes);
+        else if (g == std::make_pair(5, 5)) flat_wgrad_channel<5, 5>(P, T, F, c, eph, planes);
+        else if (g == std::make_pair(1, 3)) flat_wgrad_channel<1, 3>(P, T, F, c, eph, planes);
+        else if (g == std::make_pair(1, 5)) flat_wgrad_channel<1, 5>(P, T, F, c, eph, planes);
+        else flat_wgrad_channel<0, 0>(P, T, F, c, eph, planes);
     }
 }
 
