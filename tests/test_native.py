@@ -244,6 +244,39 @@ def test_streaming_stores_into_recycled_results(isa, rng, monkeypatch):
     assert decided == [False, False, True, True, True, True]
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("c", [64, 40], ids=["whole-lines", "part-lines"])
+def test_16bit_results_stream_converted_lines(isa, dtype, c, rng, monkeypatch):
+    """A channels-last 16-bit data gradient into recycled memory writes each converted
+    line with streaming stores where its pixels are whole cache lines (64 channels: 128
+    bytes a pixel; 40 channels, 80 bytes: plain stores, the pool declines): bitwise the
+    values of plain stores (engine debug bit 16384), within the 16-bit error of the
+    reference."""
+    from convgrad.kernels import _results
+    decided = recycled_results_and_decisions(monkeypatch, _results, "streams")
+    case = _geometry(2, c=c, o=48, size=12, k=3, s=2, n=2)
+    x, w, dy = make_arrays(case, rng, dtype, True)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    want = reference_results(case, x, w, dy)[2]
+    got = {}
+    _results.clear()
+    with convgrad.config(algo="native", isa=isa):
+        lib = native.engine().lib
+        for bits in (0, 16384, 0, 16384):
+            lib.cg_engine_set_dbg(bits)
+            try:
+                dx = convgrad.conv_data_grad(w, dy, x.shape, **kw)
+            finally:
+                lib.cg_engine_set_dbg(0)
+            got.setdefault(bits, []).append(np.array(dx, np.float32))
+            del dx
+    assert decided[-2:] == [c == 64] * 2
+    for bits in got:
+        np.testing.assert_array_equal(got[bits][-1], got[0][-1])
+    assert_close(got[0][-1], want, dtype)
+
+
 def _forward_and_data_rounds(case, rng, channels_last, rounds, **settings):
     """The forward and data gradient of ``case`` ``rounds`` times on the native engine,
     each result checked against the reference and dropped (its memory back to the pool)

@@ -306,6 +306,8 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
     // build; on a Zen 3 they had measured level to 1.1x slower there, and kept plain
     // stores below 128 products)
     const bool stream = P->stream && !obuf && NB * 4 % 64 == 0 && !(cg_engine_dbg & 1);
+    // channels-last results of another dtype: each converted line streamed
+    const bool stream_lines = P->stream && obuf && P->ostride[4] == 1 && !(cg_engine_dbg & 16384);
 
     std::vector<int64_t> keys;
     std::vector<LineTaps> lines;
@@ -481,9 +483,12 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                 const int64_t c1 = std::min(cout_g, item[4] * NB);
                 if (rochan == 1) {
                     for (int64_t g = 0; g < G; g++)
-                        for (int64_t u = 0; u < Uw; u++)
-                            store_run(dst + es * (u * ropix + g * cout_g + c0), P->out_dtype, 1,
-                                      lb + u * P->Cout + g * cout_g + c0, c1 - c0);
+                        for (int64_t u = 0; u < Uw; u++) {
+                            char* d = dst + es * (u * ropix + g * cout_g + c0);
+                            const float* s = lb + u * P->Cout + g * cout_g + c0;
+                            if (stream_lines) store_run_streamed(d, P->out_dtype, s, c1 - c0);
+                            else store_run(d, P->out_dtype, 1, s, c1 - c0);
+                        }
                     continue;
                 }
                 // channels first: blocks of 8 channels x 64 pixels transposed 8 x 8
@@ -502,7 +507,7 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
             }
         }
     }
-    if (stream) stream_fence();
+    if (stream || stream_lines) stream_fence();
 }
 
 void cg_corr_run_shared(const CorrProblem* P, int64_t* next, int64_t n, float* scratch) {
