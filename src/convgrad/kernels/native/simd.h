@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -421,47 +422,24 @@ static inline void store_run(void* dst, int64_t dtype, int64_t dstride, const fl
     for (; i < n; i++) d[i * dstride] = float_to_bf16(src[i]);
 }
 
-// store_run(dst, dtype, 1, src, n) with streaming stores where the run is whole cache
-// lines starting on one (the caller fences them), plainly otherwise: a converted
-// 16-bit result line then skips reading each destination line before writing it.
+// store_run(dst, dtype, 1, src, n) with streaming stores (store_as) where the run is
+// whole cache lines starting on one (the caller fences them), plainly otherwise: a
+// converted 16-bit result line then skips reading each destination line before writing
+// it.  (Builds without AVX2 store the 16-bit vectors plainly, as store_as does.)
 static inline void store_run_streamed(void* dst, int64_t dtype, const float* src, int64_t n) {
     const int64_t es = dtype == F32 ? 4 : 2;
     if ((uintptr_t)dst % 64 != 0 || (n * es) % 64 != 0) {
         store_run(dst, dtype, 1, src, n);
         return;
     }
-    if (dtype == F32) {
-        for (int64_t i = 0; i < n; i += VL) stream_store((float*)dst + i, load(src + i));
-        return;
-    }
-#if defined(CG_ISA_AVX512) || defined(CG_ISA_AVX2)
-    uint16_t* d = (uint16_t*)dst;
-    if (dtype == F16) {
-        for (int64_t i = 0; i < n; i += 16) {
-            const __m128i a = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
-            const __m128i b =
-                _mm256_cvtps_ph(_mm256_loadu_ps(src + i + 8), _MM_FROUND_TO_NEAREST_INT);
-            _mm256_stream_si256((__m256i*)(d + i), _mm256_set_m128i(b, a));
-        }
-        return;
-    }
-    typedef uint32_t vu __attribute__((vector_size(VL * 4)));
-    typedef uint16_t vh __attribute__((vector_size(VL * 2)));
-    for (int64_t i = 0; i < n; i += VL) {
-        const vu b = (vu)load(src + i);
-        const vu rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
-        const vu quiet = (b >> 16) | 0x0040u;
-        const vu r = ((b & 0x7FFFFFFFu) > 0x7F800000u) ? quiet : rounded;
-        const vh h = __builtin_convertvector(r, vh);
-#if CG_VL == 16
-        _mm256_stream_si256((__m256i*)(d + i), (__m256i)h);
-#else
-        _mm_stream_si128((__m128i*)(d + i), (__m128i)h);
-#endif
-    }
-#else
-    store_run(dst, dtype, 1, src, n);
-#endif
+    auto stream_all = [&](auto dt) {
+        constexpr int64_t DT = decltype(dt)::value;
+        auto* d = (typename Elem<DT>::T*)dst;
+        for (int64_t i = 0; i < n; i += VL) store_as<DT, true>(d + i, load(src + i));
+    };
+    if (dtype == F32) stream_all(std::integral_constant<int64_t, F32>{});
+    else if (dtype == F16) stream_all(std::integral_constant<int64_t, F16>{});
+    else stream_all(std::integral_constant<int64_t, BF16>{});
 }
 
 // Store cn <= 8 channels of un <= 64 pixels into a channels-first destination: pixel
