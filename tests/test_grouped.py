@@ -314,6 +314,16 @@ def test_planar_gradients_never_multiply_padding(isa, stride, monkeypatch):
     assert np.isfinite(dx).any() and np.isnan(dx).any()
 
 
+def _flat_calls(monkeypatch) -> list:
+    """The ops the flat-plane kernels run from now on ("fwd", "dgrad", "wgrad"), in order."""
+    taken = []
+    real, real_w = grouped._flat_run, grouped._flat_wgrad
+    monkeypatch.setattr(grouped, "_flat_run", lambda *a: taken.append(a[1]) or real(*a))
+    monkeypatch.setattr(grouped, "_flat_wgrad",
+                        lambda *a: taken.append("wgrad") or real_w(*a))
+    return taken
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("hw,k,d", [((9, 13), 3, 1), ((56, 56), 3, 1), ((1, 40), 3, 1),
                                     ((2, 3), 5, 1), ((3, 17), 7, 2), ((7,), 3, 1)],
@@ -326,11 +336,7 @@ def test_flat_planes_take_same_size_channels_first_depthwise(isa, hw, k, d, rng,
     ends (where masked lanes read) reach exactly the outputs the float64 definition gives
     them (D17); the weight gradient bitwise the same on 1-3 threads.  Channels-last and
     16-bit calls do not take them (strided ones: the test below)."""
-    taken = []
-    real, real_w = grouped._flat_run, grouped._flat_wgrad
-    monkeypatch.setattr(grouped, "_flat_run", lambda *a: taken.append(a[1]) or real(*a))
-    monkeypatch.setattr(grouped, "_flat_wgrad",
-                        lambda *a: taken.append("wgrad") or real_w(*a))
+    taken = _flat_calls(monkeypatch)
     C, n, r = 20, 2, len(hw)
     p = (k - 1) * d // 2
     kw = dict(strides=[1] * r, pads_begin=[p] * r, pads_end=[p] * r, dilations=[d] * r,
@@ -382,11 +388,7 @@ def test_flat_planes_take_strided_depthwise_gradients(isa, hw, k, s, d, pb, pe, 
     correlation of dy, interleaved into the rows; each x plane cut into its phase planes,
     every tap a shift of one of them.  Equal to the float64 definition, NaN and Inf at
     row ends included (D17); the weight gradient bitwise the same on 1-3 threads."""
-    taken = []
-    real, real_w = grouped._flat_run, grouped._flat_wgrad
-    monkeypatch.setattr(grouped, "_flat_run", lambda *a: taken.append(a[1]) or real(*a))
-    monkeypatch.setattr(grouped, "_flat_wgrad",
-                        lambda *a: taken.append("wgrad") or real_w(*a))
+    taken = _flat_calls(monkeypatch)
     C, n, r = 12, 2, len(hw)
     out = tuple((L + pb + pe - d * (k - 1) - 1) // s + 1 for L in hw)
     assert all(L == s * m for L, m in zip(hw, out))
