@@ -2040,7 +2040,7 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan&
                                             : x + P->sn);
         const char* yn = (const char*)(last ? (c + 1 < P->C ? P->w + (c + 1) * P->yc : nullptr)
                                             : dy + P->yn);
-        if (cg_engine_dbg & 16384) xn = nullptr;
+        if (cg_engine_dbg & 32768) xn = nullptr;
         int64_t i = F.ilo, col = i % W;
         for (; i + VL <= F.ihi; i += VL) {
             if (xn && (i & 15) < VL) {
@@ -2068,7 +2068,7 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan&
     }
     for (int k = 0; k < F.gfirst[F.ngroups]; k++) {
         const int t = F.order[k];
-        P->out[(P->widx ? P->widx[t] : t) * P->C + c] = hsum(acc[k]) + edge[t];
+        P->out[P->widx[t] * P->C + c] = hsum(acc[k]) + edge[t];
     }
 }
 
@@ -2134,14 +2134,11 @@ void cg_flat_wgrad_run(const FlatProblem* P, int64_t c0, int64_t c1, float* scra
     const FlatPlan F(T, free_);
     const int64_t nph = P->sh * P->sw;
     float* planes = nph > 1 ? free_ : nullptr;
-    int eph[FLAT_TAPS];
+    int eph[FLAT_TAPS];                    // the phase plane each tap entry reads
     for (int64_t k = 0; k < nph; k++) {
-        const int64_t* ph = P->phases ? P->phases + 4 * k : nullptr;
-        if (!ph) break;
+        const int64_t* ph = P->phases + 4 * k;
         for (int64_t t = ph[2]; t < ph[3]; t++) eph[t] = (int)(ph[0] * P->sw + ph[1]);
     }
-    if (nph == 1)
-        for (int64_t t = 0; t < P->ntap; t++) eph[t] = 0;
     const auto g = F.grid();
     for (int64_t c = c0; c < c1; c++) {
         if (g == std::make_pair(3, 3)) flat_wgrad_channel<3, 3>(P, T, F, c, eph, planes);
