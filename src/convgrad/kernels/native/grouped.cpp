@@ -1519,6 +1519,26 @@ inline void interleave2(float* row, const float* even, const float* odd, int64_t
     for (int64_t i = 2 * j; i < L; i++) row[i] = (i & 1) ? odd[i >> 1] : even[i >> 1];
 }
 
+// Phase r (< s) of a row of L floats, row[j*s + r] for j*s + r < L, to out + r * pstride
+// (the planar and flat kernels' strided rows), and back (merge_phases).
+inline void split_phases(float* out, int64_t pstride, const float* row, int64_t L, int64_t s) {
+    if (s == 2) {
+        deinterleave2(out, out + pstride, row, L);
+        return;
+    }
+    for (int64_t r = 0; r < s; r++)
+        for (int64_t j = 0; j * s + r < L; j++) out[r * pstride + j] = row[j * s + r];
+}
+
+inline void merge_phases(float* row, const float* in, int64_t pstride, int64_t L, int64_t s) {
+    if (s == 2) {
+        interleave2(row, in, in + pstride, L);
+        return;
+    }
+    for (int64_t r = 0; r < s; r++)
+        for (int64_t j = 0; j * s + r < L; j++) row[j * s + r] = in[r * pstride + j];
+}
+
 }  // namespace
 
 int64_t cg_planar_scratch(const PlanarProblem* P) {
@@ -1566,14 +1586,7 @@ void cg_planar_wgrad_run(const PlanarProblem* P, int64_t c0, int64_t c1, float* 
                             const int64_t ih = oh * P->s[1] + kh * P->d[1] - P->pb[1];
                             if (ih < 0 || ih >= P->L[1]) continue;
                             const float* xr = plane_row(P->src, n, id, ih, c, Lw, xbuf);
-                            if (sw == 2) {
-                                deinterleave2(phases, phases + plen, xr, Lw);
-                            } else if (sw > 1) {
-                                for (int64_t r = 0; r < sw; r++) {
-                                    float* ph = phases + r * plen;
-                                    for (int64_t j = 0; j * sw + r < Lw; j++) ph[j] = xr[j * sw + r];
-                                }
-                            }
+                            if (sw > 1) split_phases(phases, plen, xr, Lw, sw);
                             const int64_t t0 = (kd * P->K[1] + kh) * Kw;
                             // x[(ow + q) * sw + r] = phase r at ow + q
                             const float* base[TAPS_MAX];
@@ -1730,14 +1743,7 @@ void cg_planar_dgrad_run(const PlanarProblem* P, int64_t c0, int64_t c1, float* 
                         }
                         for (int64_t jj = std::max(hi[r], lo[r]); jj < nj[r]; jj++) one(jj);
                     }
-                    if (sw == 2) {
-                        interleave2(row, phases, phases + plen, Lw);
-                    } else if (sw > 1) {
-                        for (int64_t r = 0; r < sw; r++) {
-                            const float* ph = phases + r * plen;
-                            for (int64_t j = 0; j < nj[r]; j++) row[j * sw + r] = ph[j];
-                        }
-                    }
+                    if (sw > 1) merge_phases(row, phases, plen, Lw, sw);
                     char* dst = (char*)P->out + es * (n * P->ostride[0] + id * P->ostride[1] +
                                                       ih * P->ostride[2] + c * P->ostride[4]);
                     store_run(dst, P->out_dtype, P->ostride[3], row, Lw);
@@ -2004,13 +2010,8 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan&
             const int64_t XW = W * P->sw;
             for (int64_t hx = 0; hx < T.H * P->sh; hx++) {
                 const float* xr = x + hx * XW;
-                float* d = planes + (hx % P->sh) * P->sw * HW + (hx / P->sh) * W;
-                if (P->sw == 2) {
-                    deinterleave2(d, d + HW, xr, XW);
-                } else {
-                    for (int64_t rw = 0; rw < P->sw; rw++)
-                        for (int64_t b = 0; b < W; b++) d[rw * HW + b] = xr[b * P->sw + rw];
-                }
+                split_phases(planes + (hx % P->sh) * P->sw * HW + (hx / P->sh) * W, HW, xr, XW,
+                             P->sw);
             }
         }
         auto base = [&](int64_t t) { return nph > 1 ? planes + eph[t] * HW : x; };
@@ -2114,13 +2115,7 @@ void cg_flat_corr_run(const FlatProblem* P, int64_t lo, int64_t hi, float* scrat
         for (int64_t a = 0; a < P->H; a++)
             for (int64_t rh = 0; rh < P->sh; rh++) {
                 const float* src = planes + rh * P->sw * HW + a * P->W;
-                float* dst = out + (a * P->sh + rh) * OW;
-                if (P->sw == 2) {
-                    interleave2(dst, src, src + HW, OW);
-                } else {
-                    for (int64_t rw = 0; rw < P->sw; rw++)
-                        for (int64_t b = 0; b < P->W; b++) dst[b * P->sw + rw] = src[rw * HW + b];
-                }
+                merge_phases(out + (a * P->sh + rh) * OW, src, HW, OW, P->sw);
             }
     }
 }
