@@ -1164,12 +1164,12 @@ def _cf_wgrad(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, dw
     parts = None
     # (each task zeroes the gradient or partial it adds into first)
     if chunks == 1:
-        tasks = [(0, lines, 0, nob, dw.ctypes.data, 0)]
+        tasks = [(0, lines, 0, nob, dw.ctypes.data)]
     else:
         parts = scratch("native-partials", (chunks, dw.size), np.float32, zero=False)
-        tasks = [(lo, hi, 0, nob, parts[i].ctypes.data, 0)
+        tasks = [(lo, hi, 0, nob, parts[i].ctypes.data)
                  for i, (lo, hi) in enumerate(_pool.split(lines, chunks))]
-    table = _i64(tasks).reshape(-1, 6)
+    table = _i64(tasks).reshape(-1, 5)
     prob = _Cfw(x.ctypes.data, dy.ctypes.data, (_I64 * 4)(*strides4(x)),
                 (_I64 * 4)(*strides4(dy)), geom.n, geom.c, geom.o, (_I64 * 3)(*l3),
                 (_I64 * 3)(*m3), (_I64 * 3)(*k3), (_I64 * 3)(*s3), (_I64 * 3)(*d3),

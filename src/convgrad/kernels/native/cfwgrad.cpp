@@ -34,9 +34,9 @@ constexpr int64_t CFW_SUM = 512;
 extern "C" {
 
 // x (N, C, D, H, W) and dy (N, O, Md, Mh, Mw) float32 with unit w strides, their other
-// strides in floats; dw (*K, C, O) or a partial of it.  Task k (tasks[6k .. 6k + 5]):
+// strides in floats; dw (*K, C, O) or a partial of it.  Task k (tasks[5k .. 5k + 4]):
 // output lines [l0, l1) (numbered (n * Md + d) * Mh + h), output blocks [b0, b1),
-// address of the dw it adds into (the task zeroes its blocks of that dw first), unused.
+// address of the dw it adds into (the task zeroes its blocks of that dw first).
 struct CfwProblem {
     const float* x;
     const float* dy;
@@ -58,7 +58,7 @@ int64_t cg_cfw_scratch(const CfwProblem* P) {
 int64_t cg_cfw_mr(int64_t nv) { return nv >= 1 && nv <= 4 ? WG_MR[nv] : 0; }
 
 void cg_cfw_run(const CfwProblem* P, int64_t k, float* scratch) {
-    const int64_t* task = P->tasks + 6 * k;
+    const int64_t* task = P->tasks + 5 * k;
     const int64_t b0 = task[2], b1 = task[3];
     float* dw = (float*)(intptr_t)task[4];
     zero_blocks(dw, P->K[0] * P->K[1] * P->K[2] * P->C, P->O, P->O, P->nv * VL, b0, b1);
