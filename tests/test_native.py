@@ -215,6 +215,42 @@ def test_register_tiles_take_runs_of_output_blocks(isa, geom, rng, monkeypatch):
         np.testing.assert_array_equal(got[0][k // 2], got[64][k // 2])
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("geom", [
+    _geometry(2, c=64, o=40, size=9, k=3, pb=1, pe=1, n=2),            # rows read in place
+    _geometry(2, c=30, o=48, size=7, k=3, s=2, pb=0, pe=1, n=3),       # packed short lines
+    _geometry(1, c=3, o=36, size=40, k=7, s=2, pb=3, pe=3, n=2),       # folded taps
+    _geometry(2, c=40, o=24, size=6, k=1, pb=0, pe=0, n=5),            # pointwise
+], ids=["in-place", "packed", "folded-taps", "pointwise"])
+def test_weight_gradient_tiles_read_consecutive_rows_through_one_pointer(isa, geom, rng,
+                                                                         monkeypatch):
+    """The GEMM tile reads rows of consecutive channels through one pointer (engine
+    debug bit 131072 keeps a pointer a row): the same products in the same order, so
+    bitwise the same weight gradients, NCX and NXC, equal to the reference; NaN and
+    Inf in x reach the same places."""
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    kw = {k: geom[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    for channels_last in (True, False):
+        x, w, dy = make_arrays(geom, rng, np.float32, channels_last)
+        want = reference_results(geom, x, w, dy)[1]
+        bad = x.copy()
+        bad.flat[[3, x.size // 2]] = [np.nan, np.inf]
+        got = {}
+        with convgrad.config(algo="native", isa=isa, threads=2):
+            lib = native.engine().lib
+            try:
+                for bit in (0, 131072):
+                    lib.cg_engine_set_dbg(bit)
+                    got[bit] = [convgrad.conv_weight_grad(a, dy, w.shape, **kw)
+                                for a in (x, bad)]
+            finally:
+                lib.cg_engine_set_dbg(0)
+        assert_close(got[0][0], want, np.float32)
+        for k in range(2):
+            np.testing.assert_array_equal(got[0][k], got[131072][k])
+        assert np.isnan(got[0][1]).any()
+
+
 def test_results_do_not_depend_on_the_thread_count(rng, monkeypatch):
     monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
     case = _geometry(2, c=24, o=40, size=37, k=3, n=3)

@@ -575,9 +575,11 @@ struct Run {
 
 // panel[g][blk][p][width] = rows[run p][g*per + c0(blk) + i] for i < m(blk) (0 up to
 // width), with blocks of exactly ``width`` channels, or (balanced) near-equal
-// blocks of at most ``width`` (tile_start); rows ``step`` floats apart.
+// blocks of at most ``width`` (tile_start); rows ``step`` floats apart.  Only the
+// blocks g*nblk + blk in [blo, bhi) (a task's output blocks) are written.
 void pack_panel(float* out, const std::vector<Run>& runs, bool use_x, int64_t np,
-                int64_t step, int64_t G, int64_t per, int width, bool balanced) {
+                int64_t step, int64_t G, int64_t per, int width, bool balanced,
+                int64_t blo = 0, int64_t bhi = INT64_MAX) {
     const int64_t nblk = (per + width - 1) / width;
     const copy_fn full = copy_of(width);
     int64_t p0 = 0;
@@ -586,7 +588,8 @@ void pack_panel(float* out, const std::vector<Run>& runs, bool use_x, int64_t np
         for (int64_t p = 0; p < r.n; p++) {
             const float* row = src + p * step;
             for (int64_t g = 0; g < G; g++) {
-                for (int64_t b = 0; b < nblk; b++) {
+                for (int64_t b = std::max<int64_t>(0, blo - g * nblk);
+                     b < std::min<int64_t>(nblk, bhi - g * nblk); b++) {
                     float* o = out + ((g * nblk + b) * np + p0 + p) * width;
                     const int64_t c0 = balanced ? tile_start(b, per, nblk) : b * width;
                     const int64_t c1 = balanced ? tile_start(b + 1, per, nblk)
@@ -984,7 +987,7 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
                                 if (ng > 0 && !fits) {
                                     if (!packed_b) {
                                         pack_panel(Bfull, full_runs, false, nl * np, ypix, G, og,
-                                                   NB, false);
+                                                   NB, false, oblo, obhi);
                                         packed_b = true;
                                     }
                                     // few channels per group: the taps' rows share tiles
@@ -1100,12 +1103,12 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
                 const float* B;
                 if (all) {
                     if (!full_packed) {
-                        pack_panel(Bfull, full_runs, false, np, ypix, G, og, NB, false);
+                        pack_panel(Bfull, full_runs, false, np, ypix, G, og, NB, false, oblo, obhi);
                         full_packed = true;
                     }
                     B = Bfull;
                 } else {
-                    pack_panel(Btap, runs, false, np, ypix, G, og, NB, false);
+                    pack_panel(Btap, runs, false, np, ypix, G, og, NB, false, oblo, obhi);
                     B = Btap;
                 }
                 wgrad_gemm(P, A, mr, np * mr, B, np * NB, np, dw + t * cg * P->O, oblo, obhi);

@@ -56,29 +56,64 @@ void gemm_tile(int64_t np, int64_t nl, const float* const* a, int64_t lda, int64
     // Engine debug bits: 4096 no prefetch, 8192 never the far one.
     const int64_t pfo = (lda > NB && !(cg_engine_dbg & 4096))
         ? ((np >= GEMM_PF_FAR_FROM && !(cg_engine_dbg & 8192)) ? GEMM_PF_FAR : GEMM_PF) * lda : 0;
-    for (int64_t l = 0; l < nl; l++, B += bline) {
-        for (int64_t p = 0; p < np; p++) {
-            if (pfo) {
-                __builtin_prefetch(A[0] + p * lda + pfo);
-                __builtin_prefetch(A[MR - 1] + p * lda + pfo);
-            }
-            vf b[BK][NV];
-#pragma GCC unroll 8
-            for (int k = 0; k < BK; k++)
-#pragma GCC unroll 8
-                for (int v = 0; v < NV; v++) b[k][v] = load(B + k * bstride + p * NB + v * VL);
-            const int64_t ap = p * lda;
+    // Rows of consecutive channels (a[i] = a[0] + i: every caller but the folded taps
+    // of wgrad_gemm_rows) are read through one pointer, the broadcasts at fixed
+    // displacements: 14 row pointers do not fit in the general registers beside the
+    // loop's own, and the general loop reloaded most of them from the stack at every
+    // position (2 + 14 + 12 loads a position for 28 FMAs; L1-resident res4-shaped
+    // tile 79% -> see docs/kernels.md).
+    bool contig = !(cg_engine_dbg & 131072);
 #pragma GCC unroll 64
-            for (int i = 0; i < MR; i++) {
-                vf s = bcast(A[i][ap]);
+    for (int i = 1; i < MR; i++) contig = contig && A[i] == A[0] + i;
+    if (contig) {
+        const float* A0 = A[0];
+        for (int64_t l = 0; l < nl; l++, B += bline, A0 += aline) {
+            for (int64_t p = 0; p < np; p++) {
+                const float* ap = A0 + p * lda;
+                if (pfo) {
+                    __builtin_prefetch(ap + pfo);
+                    __builtin_prefetch(ap + pfo + MR - 1);
+                }
+                vf b[BK][NV];
 #pragma GCC unroll 8
                 for (int k = 0; k < BK; k++)
 #pragma GCC unroll 8
-                    for (int v = 0; v < NV; v++) acc[i][k][v] += s * b[k][v];
+                    for (int v = 0; v < NV; v++) b[k][v] = load(B + k * bstride + p * NB + v * VL);
+#pragma GCC unroll 64
+                for (int i = 0; i < MR; i++) {
+                    vf s = bcast(ap[i]);
+#pragma GCC unroll 8
+                    for (int k = 0; k < BK; k++)
+#pragma GCC unroll 8
+                        for (int v = 0; v < NV; v++) acc[i][k][v] += s * b[k][v];
+                }
             }
         }
+    } else {
+        for (int64_t l = 0; l < nl; l++, B += bline) {
+            for (int64_t p = 0; p < np; p++) {
+                if (pfo) {
+                    __builtin_prefetch(A[0] + p * lda + pfo);
+                    __builtin_prefetch(A[MR - 1] + p * lda + pfo);
+                }
+                vf b[BK][NV];
+#pragma GCC unroll 8
+                for (int k = 0; k < BK; k++)
+#pragma GCC unroll 8
+                    for (int v = 0; v < NV; v++) b[k][v] = load(B + k * bstride + p * NB + v * VL);
+                const int64_t ap = p * lda;
 #pragma GCC unroll 64
-        for (int i = 0; i < MR; i++) A[i] += aline;
+                for (int i = 0; i < MR; i++) {
+                    vf s = bcast(A[i][ap]);
+#pragma GCC unroll 8
+                    for (int k = 0; k < BK; k++)
+#pragma GCC unroll 8
+                        for (int v = 0; v < NV; v++) acc[i][k][v] += s * b[k][v];
+                }
+            }
+#pragma GCC unroll 64
+            for (int i = 0; i < MR; i++) A[i] += aline;
+        }
     }
     if (nvalid == BK * NB) {
 #pragma GCC unroll 64
