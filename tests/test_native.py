@@ -821,6 +821,50 @@ def test_channels_first_weight_gradients_never_multiply_padding(isa, geom, rng):
     assert np.isnan(want).any() and np.isfinite(want).any()
 
 
+@pytest.mark.parametrize("kw,ntap,nblocks,threads", [
+    (3, 9, 8, 2), (3, 9, 16, 2), (4, 16, 8, 2), (3, 3, 8, 2), (1, 1, 4, 3), (3, 27, 2, 2),
+    (2, 4, 7, 2)])
+def test_weight_gradient_grid_tasks_cover_every_tap_and_block_once(kw, ntap, nblocks,
+                                                                    threads):
+    """Split by outputs, tasks are rows of Kw taps x equal ranges of output blocks: each
+    (tap, block) in exactly one task, at least WGRAD_TASKS_PER_THREAD a thread where the
+    blocks can be cut that finely, rows in order."""
+    tasks = native._wgrad_grid(kw, ntap, nblocks, threads)
+    seen = np.zeros((ntap, nblocks), int)
+    for t0, t1, b0, b1 in tasks:
+        assert t1 - t0 == kw and t0 % kw == 0 and b1 > b0
+        seen[t0:t1, b0:b1] += 1
+    assert (seen == 1).all()
+    sizes = {b1 - b0 for *_, b0, b1 in tasks}
+    assert len(sizes) == 1                                  # equal ranges
+    target = native.WGRAD_TASKS_PER_THREAD * threads
+    assert len(tasks) >= min(target, ntap // kw * nblocks)
+    assert [t[0] for t in tasks] == sorted(t[0] for t in tasks)
+
+
+def test_weight_gradients_split_by_outputs_are_the_same_on_any_grid(rng, monkeypatch):
+    """Channels-last float32 weight gradients whose partials exceed the budget run as a
+    grid of (tap row, output-block range) tasks; each weight is summed by one task in
+    one order, so the result is bitwise that of the tap-only split and of any thread
+    count, and equal to the reference."""
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    monkeypatch.setattr(native, "PARTIALS_BYTES", 0)
+    case = _geometry(2, c=40, o=100, size=9, k=3, pb=1, pe=1, n=3)
+    x, w, dy = make_arrays(case, rng, np.float32, True)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    got, grids, real = [], [], native._wgrad_grid
+    monkeypatch.setattr(native, "_wgrad_grid", lambda *a: grids.append(a) or real(*a))
+    for grid, threads in ((True, 2), (False, 2), (True, 1), (True, 3)):
+        monkeypatch.setattr(native, "WGRAD_GRID_TASKS", grid)
+        grids.clear()
+        with convgrad.config(algo="native", threads=threads):
+            got.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
+        assert bool(grids) == grid
+    assert_close(got[0], reference_results(case, x, w, dy)[1], np.float32)
+    for other in got[1:]:
+        np.testing.assert_array_equal(other, got[0])
+
+
 def test_channels_first_weight_gradients_with_large_partials_convert(rng, monkeypatch):
     """Where the partial gradients of cg_cfw_run's line ranges exceed the budget, the
     conversion path runs (one output-block range per thread was slow after a pause)."""

@@ -111,6 +111,14 @@ WGRAD_CHUNKS = 8
 PARTIALS_BYTES = 8 * 2**20
 # partial gradients are summed (_sum_parts) in ranges of whole blocks of this many floats
 SUM_BLOCK = 4096
+# wgrad split by outputs (channels-last float32): a grid of tap rows x output-block
+# ranges, at least this many tasks a thread (_wgrad_grid).  The tap-only split gave
+# ResNet-50 res4 4 tasks of 2-3 taps: 12% of a hot call lost to the uneven last task,
+# and a worker woken 2-3 ms late after the benchmark's pause left the caller alone with
+# a 3-tap task.  Grid of 12 (2 threads): level hot, after the pause res4 1.04x, DCGAN
+# 1.18x, res5 1.02x, DeepLab 0.99x (alternating, 2026-11-26).
+WGRAD_GRID_TASKS = True
+WGRAD_TASKS_PER_THREAD = 4
 
 
 class _Tensor(ctypes.Structure):
@@ -1073,6 +1081,18 @@ def _pointwise_parts(geom: ConvGeometry, threads: int) -> tuple[int, int]:
     return max(threads, _budgets(threads)[3] // part), part
 
 
+def _wgrad_grid(kw: int, ntap: int, nblocks: int, threads: int) -> list[tuple]:
+    """Tasks of a weight gradient split by outputs: rows of Kw taps (one (kd, kh) each:
+    a task's taps read the same x rows) x equal ranges of output blocks, at least
+    WGRAD_TASKS_PER_THREAD a thread where the blocks allow, row by row."""
+    rows = ntap // kw
+    target = WGRAD_TASKS_PER_THREAD * threads
+    q = next((d for d in range(1, nblocks + 1) if nblocks % d == 0 and rows * d >= target),
+             nblocks)
+    return [(r * kw, (r + 1) * kw, b * nblocks // q, (b + 1) * nblocks // q)
+            for r in range(rows) for b in range(q)]
+
+
 def _pointwise_wgrad(eng: Engine, x3: np.ndarray, dy3: np.ndarray, geom: ConvGeometry,
                      threads: int) -> np.ndarray:
     """The (C, O) weight gradient of a float32 1x1, stride-1, unpadded, one-group
@@ -1240,7 +1260,10 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     # position, so fewer tasks when that costs a conversion
     nsplit = threads if (_is_packed(x) or _is_packed(dy)) else 2 * threads
     # (every task zeroes the part of dw, or the partial, it adds into)
-    if plan.split_outputs and ntap >= nsplit:
+    if plan.split_outputs and WGRAD_GRID_TASKS and not (_is_packed(x) or _is_packed(dy)):
+        tasks = [(0, nitems, b0, b1, t0, t1, dw.ctypes.data)
+                 for t0, t1, b0, b1 in _wgrad_grid(k3[2], ntap, nblocks, threads)]
+    elif plan.split_outputs and ntap >= nsplit:
         # whole taps per task: every x panel is packed by one task only
         tasks = [(0, nitems, 0, nblocks, lo, hi, dw.ctypes.data)
                  for lo, hi in _pool.split(ntap, nsplit)]
