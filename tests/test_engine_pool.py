@@ -72,6 +72,30 @@ def test_the_workers_take_part_and_one_thread_runs_alone():
     assert lib.cg_pool_workers() >= 1
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_the_workers_keep_off_the_callers_cpu():
+    """A section sets its workers' CPUs to the caller's minus the one the caller runs on
+    (woken after a pause, a worker was placed on the caller's vCPU and the two took
+    turns); engine debug bit 262144 gives them the caller's CPUs back."""
+    lib = _lib()
+    mask = os.sched_getaffinity(0)
+    _probe(lib, 16, 2, spin=2000)
+    tid = lib.cg_pool_worker_tid(0)
+    cpu = lib.cg_pool_kept_off_cpu()
+    assert tid > 0 and cpu in mask
+    assert os.sched_getaffinity(tid) == mask - {cpu}
+    lib.cg_engine_set_dbg(262144)
+    try:
+        _probe(lib, 16, 2, spin=2000)
+        assert lib.cg_pool_kept_off_cpu() == -1
+        assert os.sched_getaffinity(tid) == mask
+    finally:
+        lib.cg_engine_set_dbg(0)
+    counts, *_ = _probe(lib, 16, 2, spin=2000)
+    assert (counts == 1).all()
+    assert os.sched_getaffinity(tid) == mask - {lib.cg_pool_kept_off_cpu()}
+
+
 def test_callers_on_several_python_threads_each_get_their_tasks_done():
     lib = _lib()
     errors = []

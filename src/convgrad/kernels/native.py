@@ -221,7 +221,9 @@ class Engine:
                 ("cg_load_vectors", None, [vp, vp, i64, i64]),
                 ("cg_fma_loop_flops", i64, []),
                 ("cg_run_tasks", None, [vp, i64, i64, vp, i64]),
-                ("cg_pool_workers", i64, [])):
+                ("cg_pool_workers", i64, []),
+                ("cg_pool_worker_tid", i64, [i64]),
+                ("cg_pool_kept_off_cpu", i64, [])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         built = lib.cg_isa().decode()
