@@ -224,10 +224,11 @@ def test_register_tiles_take_runs_of_output_blocks(isa, geom, rng, monkeypatch):
 ], ids=["in-place", "packed", "folded-taps", "pointwise"])
 def test_weight_gradient_tiles_read_consecutive_rows_through_one_pointer(isa, geom, rng,
                                                                          monkeypatch):
-    """The GEMM tile reads rows of consecutive channels through one pointer (engine
-    debug bit 131072 keeps a pointer a row): the same products in the same order, so
-    bitwise the same weight gradients, NCX and NXC, equal to the reference; NaN and
-    Inf in x reach the same places."""
+    """The GEMM tile reads rows of consecutive channels (NXC) through one pointer, and
+    rows a fixed distance apart (NCX channel rows) through a base a group of four
+    (engine debug bit 131072 keeps a pointer a row): the same products in the same
+    order, so bitwise the same weight gradients, equal to the reference; NaN and Inf in
+    x reach the same places."""
     monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
     kw = {k: geom[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
     for channels_last in (True, False):

@@ -65,7 +65,43 @@ void gemm_tile(int64_t np, int64_t nl, const float* const* a, int64_t lda, int64
     bool contig = !(cg_engine_dbg & 131072);
 #pragma GCC unroll 64
     for (int i = 1; i < MR; i++) contig = contig && A[i] == A[0] + i;
-    if (contig) {
+    // Rows a fixed distance apart (channels-first channel rows, cfwgrad.cpp): groups of
+    // four rows, each through one base pointer and the distance (1, 2, 3 times) as an
+    // index register.
+    const int64_t rs = MR > 1 ? A[1] - A[0] : 0;
+    bool strided = !contig && MR >= 4 && rs != 0 && !(cg_engine_dbg & 131072);
+#pragma GCC unroll 64
+    for (int i = 2; i < MR; i++) strided = strided && A[i] == A[0] + i * rs;
+    if (strided) {
+        constexpr int NG = (MR + 3) / 4;
+        const float* gb[NG];
+#pragma GCC unroll 8
+        for (int q = 0; q < NG; q++) gb[q] = A[0] + 4 * q * rs;
+        const int64_t rs2 = 2 * rs, rs3 = 3 * rs;
+        for (int64_t l = 0; l < nl; l++, B += bline) {
+            for (int64_t p = 0; p < np; p++) {
+                vf b[BK][NV];
+#pragma GCC unroll 8
+                for (int k = 0; k < BK; k++)
+#pragma GCC unroll 8
+                    for (int v = 0; v < NV; v++) b[k][v] = load(B + k * bstride + p * NB + v * VL);
+#pragma GCC unroll 64
+                for (int i = 0; i < MR; i++) {
+                    const float* q = gb[i / 4];
+                    const float x = i % 4 == 0 ? q[0] : i % 4 == 1 ? q[rs] : i % 4 == 2 ? q[rs2] : q[rs3];
+                    vf s = bcast(x);
+#pragma GCC unroll 8
+                    for (int k = 0; k < BK; k++)
+#pragma GCC unroll 8
+                        for (int v = 0; v < NV; v++) acc[i][k][v] += s * b[k][v];
+                }
+#pragma GCC unroll 8
+                for (int q = 0; q < NG; q++) gb[q] += lda;
+            }
+#pragma GCC unroll 8
+            for (int q = 0; q < NG; q++) gb[q] += aline - np * lda;
+        }
+    } else if (contig) {
         const float* A0 = A[0];
         for (int64_t l = 0; l < nl; l++, B += bline, A0 += aline) {
             for (int64_t p = 0; p < np; p++) {
