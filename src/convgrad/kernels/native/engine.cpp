@@ -200,7 +200,8 @@ int64_t cg_vector_floats(void) { return VL; }
 // float32 lines through a staging copy (common.h); 11 no streaming Winograd NCX results;
 // 12 no x-row prefetch in the GEMM tile, 13 never its far prefetch (tiles.h); 14 16-bit
 // result lines stored plainly; 15 no next-plane prefetch in the flat depthwise weight
-// gradient (grouped.cpp).
+// gradient (grouped.cpp); 17 the GEMM tile reads every row through a pointer of its
+// own (tiles.h); 18 the engine's workers may run on the caller's CPU (pool.cpp).
 int64_t cg_engine_dbg = 0;
 void cg_engine_set_dbg(int64_t v) { cg_engine_dbg = v; }
 int64_t cg_corr_rmax(int64_t nv) { return nv >= 1 && nv <= 4 ? CORR_RMAX[nv] : 0; }
