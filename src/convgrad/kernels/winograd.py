@@ -106,7 +106,9 @@ def _lib(eng: native.Engine):
                                 ("cg_wino_wgrad_scratch", i64, [vp, i64, i64]),
                                 ("cg_wino_wgrad_run", None, [vp, i64, i64, vp, vp, vp]),
                                 ("cg_wino_wgrad_finish", None, [vp, vp, vp, i64, i64, vp, i64,
-                                                                i64])):
+                                                                i64]),
+                                ("cg_wino_wgrad_task", None, [vp, vp, i64, vp]),
+                                ("cg_wino_wgrad_finish_rows", None, [vp, vp, i64, i64])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         lib._wino_bound = True
@@ -781,36 +783,32 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     prob = _WinoWgrad(_source(x), _source(dy), G, _tile_geom(plan), plan.cpad, plan.nv,
                       plan.items.ctypes.data)
     pp = ctypes.addressof(prob)
+    # the tasks run on the engine's workers (cg_wino_wgrad_task: zero the task's sums,
+    # add its items, store its box of dw), taken in order by whichever thread is free;
+    # on Python's pool threads they ran 2.3x slower after the benchmark's pause than
+    # back to back (ResNet-50 res2, 2 threads; the native workers keep off the
+    # caller's CPU, see pool.cpp)
+    sums = (scratch("winograd-sums", (plan.parts, plan.box_floats), np.float32, zero=False)
+            if plan.parts else None)
+    table = native._i64([(t[0], t[1], *t[2:], sums[i].ctypes.data if plan.parts else 0,
+                          plan.box_floats, dw.ctypes.data)
+                         for i, t in enumerate(plan.tasks)])
+    need = max(int(lib.cg_wino_wgrad_scratch(pp, t[0], t[1])) for t in plan.tasks)
+    need += 0 if plan.parts else -(-plan.box_floats // 16) * 16
+    n = min(threads, len(plan.tasks))
+    buf, per_thread = _pool.thread_scratch("native-pack", need, n)
+    _pool.run_native(lib, "cg_wino_wgrad_task",
+                     [(pp, table.ctypes.data, k) for k in range(len(plan.tasks))], n,
+                     per_thread)
     if plan.parts:
-        sums = scratch("winograd-sums", (plan.parts, plan.box_floats), np.float32, zero=False)
-
-    def task(i, first, end, box):
-        def run():
-            b = _MBox(*box)
-            need = int(lib.cg_wino_wgrad_scratch(pp, first, end))
-            buf = scratch("native-pack", (need,), np.float32, zero=False)
-            if plan.parts:
-                mb = sums[i]
-            else:
-                mb = scratch("winograd-box", (plan.box_floats,), np.float32, zero=False)
-            mb.fill(0)
-            lib.cg_wino_wgrad_run(pp, first, end, ctypes.byref(b), mb.ctypes.data,
-                                  buf.ctypes.data)
-            if not plan.parts:
-                lib.cg_wino_wgrad_finish(pp, ctypes.byref(b), mb.ctypes.data, 1, 0,
-                                         dw.ctypes.data, 0, box[1] * box[3])
-        return run
-
-    _pool.run_each([task(i, t[0], t[1], t[2:]) for i, t in enumerate(plan.tasks)], threads)
-    if plan.parts:
-        box = _MBox(0, G, 0, plan.cpad, 0, plan.nob)
         rows = G * plan.cpad
-
-        def finish(lo, hi):
-            lib.cg_wino_wgrad_finish(pp, ctypes.byref(box), sums.ctypes.data, plan.parts,
-                                     plan.box_floats, dw.ctypes.data, lo, hi)
-        _pool.run_ranges(finish, rows, threads if rows >= 64 else 1)
-    del prob
+        fin = native._i64([0, G, 0, plan.cpad, 0, plan.nob, sums.ctypes.data, plan.parts,
+                           plan.box_floats, dw.ctypes.data])
+        _pool.run_native(lib, "cg_wino_wgrad_finish_rows",
+                         [(pp, fin.ctypes.data, lo, hi)
+                          for lo, hi in _pool.split(rows, 4 * threads)],
+                         threads if rows >= 64 else 1)
+    del prob, buf, table
     if not np.isfinite(dw).all():
         # a NaN or Inf mixed into every tap's sums by the transforms: the direct engine
         # gives each tap only the products it has (D17)

@@ -321,8 +321,19 @@ void cg_wino_wgrad_run(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox* b
                        float* scratch);
 void cg_wino_wgrad_finish(const WinoWgrad* P, const MBox* box, const float* M, int64_t parts,
                           int64_t part_stride, float* dw, int64_t lo, int64_t hi);
+// One task of a weight gradient on the engine's workers (pool.cpp): task k of the table
+// t (WINO_TASK fields each: first and end item, the box, its sums M -- 0: the thread's
+// scratch, then finished into dw at once --, the sums' floats, dw) zeroes its sums, adds
+// its items into them and, without partials, stores its box of dw.  The scratch holds
+// the sums (when they are the thread's) ahead of cg_wino_wgrad_run's own.
+void cg_wino_wgrad_task(const WinoWgrad* P, const int64_t* t, int64_t k, float* scratch);
+// Rows [lo, hi) of cg_wino_wgrad_finish over the partial sums f (box, M, parts,
+// part_stride, dw: 10 fields).
+void cg_wino_wgrad_finish_rows(const WinoWgrad* P, const int64_t* f, int64_t lo, int64_t hi);
 
 }  // extern "C"
+
+constexpr int WINO_TASK = 11;
 
 namespace {
 
@@ -1284,6 +1295,23 @@ void cg_wino_wgrad_run(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox* b
 void cg_wino_wgrad_finish(const WinoWgrad* P, const MBox* box, const float* M, int64_t parts,
                           int64_t part_stride, float* dw, int64_t lo, int64_t hi) {
     dispatch<WgradFinish>(P->tg, P, box, M, parts, part_stride, dw, lo, hi);
+}
+
+void cg_wino_wgrad_task(const WinoWgrad* P, const int64_t* t, int64_t k, float* scratch) {
+    const int64_t* d = t + WINO_TASK * k;
+    const MBox b{d[2], d[3], d[4], d[5], d[6], d[7]};
+    const int64_t nf = d[9];
+    float* M = d[8] ? (float*)(intptr_t)d[8] : scratch;
+    float* work = d[8] ? scratch : scratch + (nf + 15) / 16 * 16;
+    std::memset(M, 0, nf * sizeof(float));
+    cg_wino_wgrad_run(P, d[0], d[1], &b, M, work);
+    if (!d[8]) cg_wino_wgrad_finish(P, &b, M, 1, 0, (float*)(intptr_t)d[10], 0, b.ng * b.nc);
+}
+
+void cg_wino_wgrad_finish_rows(const WinoWgrad* P, const int64_t* f, int64_t lo, int64_t hi) {
+    const MBox b{f[0], f[1], f[2], f[3], f[4], f[5]};
+    cg_wino_wgrad_finish(P, &b, (const float*)(intptr_t)f[6], f[7], f[8],
+                         (float*)(intptr_t)f[9], lo, hi);
 }
 
 void cg_wino_weights(const WinoProblem* P, int64_t lo, int64_t hi, float* out) {
