@@ -210,6 +210,8 @@ class Engine:
                 ("cg_pack_panels", None, [vp, i64, i64, i64, i64, i64, i64, i64, i64, i64, vp,
                                           i64, i64]),
                 ("cg_permute", None, [vp, vp, i64, vp, vp, vp, i64, i64]),
+                ("cg_permute_task", None, [vp, i64, i64]),
+                ("cg_pack_panels_task", None, [vp, i64, i64]),
                 ("cg_pw_nb", i64, []),
                 ("cg_cfw_scratch", i64, [vp]),
                 ("cg_pw_chunk", i64, [vp]),
@@ -540,10 +542,17 @@ def permuted_copy(a: np.ndarray) -> np.ndarray | None:
     nb = int(math.prod(shape[:3]))
     threads = _threads(a.size * 64)
 
-    def run(lo, hi):
+    # on the engine's workers, ranges taken from a shared counter (Python's pool threads
+    # were slow after the benchmark's pause: placed on the caller's vCPU)
+    if threads <= 1 or nb <= 1:
         eng.lib.cg_permute(a.ctypes.data, out.ctypes.data, es, shape.ctypes.data,
-                           ss.ctypes.data, ds.ctypes.data, lo, hi)
-    _pool.run_ranges(run, nb, threads, per_thread=1)
+                           ss.ctypes.data, ds.ctypes.data, 0, nb)
+        return result
+    d = _i64([a.ctypes.data, out.ctypes.data, es, shape.ctypes.data, ss.ctypes.data,
+              ds.ctypes.data])
+    _pool.run_native(eng.lib, "cg_permute_task",
+                     [(d.ctypes.data, lo, hi) for lo, hi in _pool.split(nb, 4 * threads)],
+                     threads)
     return result
 
 
@@ -653,10 +662,15 @@ def _weights(eng: Engine, w3: np.ndarray, A: int, B: int, sa: int, sb: int, gstr
     out = scratch("native-panels", (groups * nblk * T * A * nb,), np.float32, zero=False)
     code = DTYPE_CODES[w3.dtype]
 
-    def run(lo, hi):
+    nbk = groups * nblk
+    if threads <= 1 or nbk <= 1 or out.nbytes <= 2**20:
         eng.lib.cg_pack_panels(w3.ctypes.data, code, T, A, B, st, sa, sb, gstride, nv,
-                               out.ctypes.data, lo, hi)
-    _pool.run_ranges(run, groups * nblk, threads if out.nbytes > 2**20 else 1, per_thread=1)
+                               out.ctypes.data, 0, nbk)
+    else:                    # (on the engine's workers: see permuted_copy)
+        d = _i64([w3.ctypes.data, code, T, A, B, st, sa, sb, gstride, nv, out.ctypes.data])
+        _pool.run_native(eng.lib, "cg_pack_panels_task",
+                         [(d.ctypes.data, lo, hi) for lo, hi in _pool.split(nbk, 4 * threads)],
+                         threads)
     return out, nblk * T * A * nb, T * A * nb, A * nb, nb
 
 

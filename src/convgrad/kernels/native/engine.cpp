@@ -1352,6 +1352,20 @@ void cg_permute(const void* src, void* dst, int64_t es, const int64_t* shape,
     }
 }
 
+// cg_permute and cg_pack_panels as tasks of the engine's workers (pool.cpp): d holds
+// their other arguments (src, dst, es, shape, sstr, dstr / src, dtype, T, A, B, st, sa,
+// sb, gstride, nv, out), [lo, hi) their range.
+void cg_permute_task(const int64_t* d, int64_t lo, int64_t hi) {
+    cg_permute((const void*)(intptr_t)d[0], (void*)(intptr_t)d[1], d[2],
+               (const int64_t*)(intptr_t)d[3], (const int64_t*)(intptr_t)d[4],
+               (const int64_t*)(intptr_t)d[5], lo, hi);
+}
+
+void cg_pack_panels_task(const int64_t* d, int64_t lo, int64_t hi) {
+    cg_pack_panels((const void*)(intptr_t)d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8],
+                   d[9], (float*)(intptr_t)d[10], lo, hi);
+}
+
 // The FMA peak: iters rounds of ACC independent vector multiply-adds (2 * VL
 // flops each), nothing else; returns a value that depends on the result, so the
 // loop cannot be dropped.  Timed from Python on every thread at once.
