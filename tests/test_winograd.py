@@ -351,8 +351,10 @@ def test_the_chooser_takes_winograd_where_it_pays_and_stays_within_the_bound():
 def test_weight_gradients_whose_sums_outgrow_l2_stay_direct_on_avx512():
     """On the AVX-512 build, a weight gradient whose set of per-point sums exceeds
     WGRAD_MAX_SUMS_BYTES (DeepLab d6: 16 points x 256 x 256 floats, 4 MiB) is left to the
-    direct kernels; small sets (ResNet-50 res2: 0.56 MiB) keep Winograd, and the AVX2
-    build keeps it for both (measured faster there); data gradients are not affected."""
+    direct kernels unless its estimated speedup reaches WGRAD_LARGE_SUMS_SPEEDUP
+    (ResNet-50 res4: 9 MiB, 2.58: Winograd); small sets (res2: 0.56 MiB) keep Winograd,
+    and the AVX2 build keeps it for all (measured faster there); data gradients are not
+    affected."""
     deeplab = make_geometry("t", **dict(geometry(2, n=4, c=256, o=256, size=33),
                                         dilations=(6, 6), pads_begin=(6, 6), pads_end=(6, 6)))
     res2 = make_geometry("t", **geometry(2, n=8, c=64, o=64, size=56))
@@ -363,6 +365,11 @@ def test_weight_gradients_whose_sums_outgrow_l2_stay_direct_on_avx512():
     assert winograd._preferred(deeplab, "wgrad", m, 8)
     assert winograd._preferred(deeplab, "dgrad", winograd.tile_size(deeplab, "dgrad"), 16)
     assert winograd._preferred(res2, "wgrad", winograd.tile_size(res2, "wgrad"), 16)
+    res4 = make_geometry("t", **geometry(2, n=8, c=256, o=256, size=14))
+    assert winograd.wgrad_sums_bytes(res4) > winograd.WGRAD_MAX_SUMS_BYTES
+    assert (winograd.speedup_estimate(res4, "wgrad") >= winograd.WGRAD_LARGE_SUMS_SPEEDUP
+            > winograd.speedup_estimate(deeplab, "wgrad", m))
+    assert winograd._preferred(res4, "wgrad", winograd.tile_size(res4, "wgrad"), 16)
     vl = native.engine().vl
     want = "native" if vl >= 16 else "winograd"
     assert kernels.select("wgrad", deeplab, np.float32).name == want

@@ -258,9 +258,11 @@ def _preferred(geom: ConvGeometry, op: str, m: int, vl: int = 8) -> bool:
         return False
     if op == "wgrad" and wgrad_tiles(geom, m) < WGRAD_MIN_TILES:
         return False
-    if op == "wgrad" and vl >= 16 and wgrad_sums_bytes(geom, m) > WGRAD_MAX_SUMS_BYTES:
+    speedup = speedup_estimate(geom, op, m)
+    if (op == "wgrad" and vl >= 16 and wgrad_sums_bytes(geom, m) > WGRAD_MAX_SUMS_BYTES
+            and speedup < WGRAD_LARGE_SUMS_SPEEDUP):
         return False
-    return speedup_estimate(geom, op, m) >= SPEEDUP_MARGIN
+    return speedup >= SPEEDUP_MARGIN
 
 
 # A weight gradient adds every block of tiles' products into one set of sums per
@@ -272,8 +274,14 @@ def _preferred(geom: ConvGeometry, op: str, m: int, vl: int = 8) -> bool:
 # benchmark's pause, level hot, NCX 1.11x slower; ResNet-50 res4 (9.4 MiB) 1.09x / level
 # NCX; below it Winograd stays ahead (res2, 0.6 MiB: 1.33x faster; the 3-D U-Net 0.4 MiB:
 # 2.0x; the TCN 0.4 MiB: 1.7x).  On a Zen 3 (AVX2) DeepLab's Winograd weight gradient was
-# 1.45x faster than direct: the rule holds for AVX-512 builds only.
+# 1.45x faster than direct: the rule holds for AVX-512 builds only.  Re-measured the same
+# way later that day, once the tasks ran on the engine's workers (they had run on Python's
+# pool threads, 2.3x slower after the pause): res4 (9 MiB of sums, estimated speedup 2.58)
+# now 1.17x faster after the pause (1.35x hot), NCX level (1.13x hot); DeepLab (4 MiB,
+# F(2, 3) on its 6 x 6 dilated sub-grids, estimate 1.59) still 1.06-1.12x slower.  So the
+# sums rule holds only below an estimated speedup of WGRAD_LARGE_SUMS_SPEEDUP.
 WGRAD_MAX_SUMS_BYTES = 2 * 2**20
+WGRAD_LARGE_SUMS_SPEEDUP = 2.0
 
 
 def wgrad_sums_bytes(geom: ConvGeometry, m: int | None = None) -> int:
