@@ -16,9 +16,11 @@
 // in a parallel section) runs its tasks alone.  A forked child starts without workers.
 
 #include <pthread.h>
+#if defined(__linux__)
 #include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -129,7 +131,9 @@ struct Pool {
 
     // (seen: the last section started before this worker; it takes part from the next)
     void worker(int64_t index, uint64_t seen) {
+#if defined(__linux__)
         tids[index].store((int64_t)syscall(SYS_gettid));
+#endif
         bool spin = false;     // only after taking part (the others sleep at once)
         for (;;) {
             uint64_t s;
@@ -163,6 +167,9 @@ struct Pool {
     // other vCPU idled, for most of a call (traced on ResNet-50 res4's weight gradient:
     // 12-13 ms against 7).  Engine debug bit 262144 leaves the placement to the system.
     void keep_off_caller(int64_t helpers) {
+#if !defined(__linux__)
+        (void)helpers;      // (CPU masks: Linux only)
+#else
         const bool off = !(cg_engine_dbg & 262144);
         const int cpu = off ? sched_getcpu() : -1;
         const int64_t n = std::min<int64_t>(helpers, started);
@@ -180,6 +187,7 @@ struct Pool {
         for (int64_t i = 0; i < n; i++)
             pthread_setaffinity_np(handles[i], sizeof allowed, &allowed);
         last_cpu = cpu, kept_off = n;
+#endif
     }
 
     // Start workers up to `workers`; the number running (fewer if the system refuses
