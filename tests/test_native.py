@@ -1008,3 +1008,30 @@ def test_weight_gradients_are_computed_into_recycled_memory(kernel, rng):
                       strides=case["strides"], dilations=case["dilations"],
                       pads_begin=case["pads_begin"], groups=1)          # OIX
     assert_close(again, ref.transpose(2, 3, 1, 0), np.float32)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["float32", "float16"])
+def test_channels_first_pointwise_samples_run_as_engine_tasks(isa, dtype, rng, monkeypatch):
+    """Channels-first 1x1 forward and data gradients whose samples share out over the
+    threads run a sample per engine task (cg_pw_sample_task: its panels, then its
+    correlation, on one thread): bitwise the results of one Python pool thread per
+    sample (PW_SAMPLE_TASKS off), equal to the reference."""
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    case = _geometry(2, c=24, o=40, size=9, k=1, pb=0, pe=0, n=4)
+    x, w, dy = make_arrays(case, rng, dtype, False)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    want = reference_results(case, x, w, dy)
+    ran, real = [], native._pw_samples
+    monkeypatch.setattr(native, "_pw_samples", lambda *a: ran.append(real(*a)) or ran[-1])
+    got = {}
+    for on in (True, False):
+        monkeypatch.setattr(native, "PW_SAMPLE_TASKS", on)
+        ran.clear()
+        with convgrad.config(algo="native", isa=isa, threads=2):
+            got[on] = (convgrad.conv_forward(x, w, **kw),
+                       convgrad.conv_data_grad(w, dy, x.shape, **kw))
+        assert ran == ([True, True] if on else [])
+    for k, i in ((0, 0), (1, 2)):
+        np.testing.assert_array_equal(got[True][k], got[False][k])
+        assert_close(got[True][k], want[i], dtype)

@@ -83,6 +83,8 @@ CFW_PANEL_FLOATS = 32 << 10
 # least this many position ranges
 POINTWISE_KERNEL = True
 POINTWISE_PARTS = 8
+# channels-first pointwise problems a sample per task on the engine's workers
+PW_SAMPLE_TASKS = True
 # wgrad: the packed panels of one chunk of positions (x rows, dy rows; swept in
 # L2-sized blocks) take about this much; a chunk has at least / at most this
 # many positions.
@@ -212,6 +214,7 @@ class Engine:
                 ("cg_permute", None, [vp, vp, i64, vp, vp, vp, i64, i64]),
                 ("cg_permute_task", None, [vp, i64, i64]),
                 ("cg_pack_panels_task", None, [vp, i64, i64]),
+                ("cg_pw_sample_task", None, [vp, i64, vp]),
                 ("cg_pw_nb", i64, []),
                 ("cg_cfw_scratch", i64, [vp]),
                 ("cg_pw_chunk", i64, [vp]),
@@ -895,12 +898,72 @@ def _transposed_pointwise(eng: Engine, a_of, b_of, outs, threads: int,
         weights = _weights(eng, b3, a, b, b3.strides[1] // es, b3.strides[2] // es, 0, 1,
                            plan.nv, t_in)
         _corr(eng, plan, inp, out, weights, t_in, stream)
+    if per_sample and PW_SAMPLE_TASKS and _pw_samples(eng, a_of, b_of, outs, threads, stream):
+        return
     if per_sample:
         _pool.run_each([lambda lo=lo, hi=hi: [one(k) for k in range(lo, hi)]
                         for lo, hi in _pool.split(n, threads)], threads)
     else:
         for k in range(n):
             one(k)
+
+
+class _PwSamples(ctypes.Structure):
+    _fields_ = [("base", _Corr), ("ins", ctypes.c_void_p), ("outs", ctypes.c_void_p),
+                ("srcs", ctypes.c_void_p)] + [(f, _I64) for f in (
+                    "dtype", "T", "A", "B", "st", "sa", "sb", "gstride", "nv", "nblk",
+                    "panel_floats", "nitems")]
+
+
+def _pw_samples(eng: Engine, a_of, b_of, outs, threads: int, stream: bool) -> bool:
+    """:func:`_transposed_pointwise`'s samples as tasks of the engine's workers
+    (cg_pw_sample_task: a sample's weight panels packed into the thread's scratch, then
+    its correlation, on one thread): the same calls as one Python pool thread per
+    sample made, without the GIL between them.  False (nothing done) where the samples'
+    arrays differ in anything but their addresses."""
+    n = len(outs)
+    a0, b0 = a_of(0), b_of(0)
+    (m, a), b = a0.shape, b0.shape[1]
+    h, w = _pixel_grid(m)
+    views = [(a_of(k).reshape(1, h, w, a), outs[k].view(), b_of(k)[None]) for k in range(n)]
+    for v in views:
+        v[1].shape = (1, h, w, b)
+    first = views[0]
+    if any(tuple(x.strides) != tuple(y.strides) or x.dtype != y.dtype
+           for v in views[1:] for x, y in zip(v, first)):
+        return False
+    inp, out, b3 = first
+    g = ConvGeometry(1, a, b, 1, (h, w), (1, 1), (h, w), (1, 1), (1, 1), (0, 0), (0, 0))
+    plan = corr_plan(g, "fwd", eng.vl, eng.rmax_of, 1, _is_packed(inp), _is_packed(out),
+                     _budgets(1))
+    if not len(plan.items):
+        return True
+    es = b3.itemsize
+    nb = plan.nv * eng.vl
+    nblk = -(-b // nb)
+    T = b3.shape[0]
+    panel_floats = nblk * T * a * nb
+    ostr = [s // out.itemsize for s in out.strides]
+    ostr5 = [ostr[0], 0] + ostr[1:]
+    base = _Corr(_tensor(inp), out.ctypes.data, (_I64 * 5)(*ostr5), DTYPE_CODES[out.dtype],
+                 plan.n, (_I64 * 3)(*plan.lin), plan.cin, plan.cout, plan.groups,
+                 (_I64 * 3)(*plan.istep), (_I64 * 3)(*plan.ostep), plan.phases.ctypes.data,
+                 plan.taps.ctypes.data, 0, panel_floats, T * a * nb,
+                 a * nb, nb, plan.ntap_w, plan.nv, plan.rmax, plan.ob_group,
+                 plan.items.ctypes.data, int(stream), plan.wphases)
+    tables = [_i64([v[i].ctypes.data for v in views]) for i in range(3)]
+    prob = _PwSamples(base, tables[0].ctypes.data, tables[1].ctypes.data,
+                      tables[2].ctypes.data, DTYPE_CODES[b3.dtype], T, a, b,
+                      b3.strides[0] // es, b3.strides[1] // es, b3.strides[2] // es, 0,
+                      plan.nv, nblk, panel_floats, len(plan.items))
+    pp = ctypes.addressof(prob)
+    need = -(-panel_floats // 16) * 16 + int(eng.lib.cg_corr_scratch(
+        ctypes.addressof(prob.base), 0, len(plan.items)))
+    buf, per_thread = _pool.thread_scratch("native-pack", need, threads)
+    _pool.run_native(eng.lib, "cg_pw_sample_task", [(pp, k) for k in range(n)], threads,
+                     per_thread)
+    del prob, buf, tables
+    return True
 
 
 def _small_wgrad_inputs(geom: ConvGeometry) -> bool:

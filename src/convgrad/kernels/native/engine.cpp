@@ -1447,3 +1447,35 @@ int64_t cg_cpu_features(void) {
 }
 
 }  // extern "C"
+
+// ---------------------------------------------------------------------------------------
+// Channels-first pointwise problems a sample per task (native.py: _transposed_pointwise)
+
+extern "C" {
+
+// The correlation of every sample but its input, output and weight panels; per sample
+// k the addresses ins[k], outs[k] and the weights' source srcs[k] (cg_pack_panels'
+// other arguments below), packed into the running thread's scratch.
+struct PwSamples {
+    CorrProblem base;
+    const int64_t* ins;
+    const int64_t* outs;
+    const int64_t* srcs;
+    int64_t dtype, T, A, B, st, sa, sb, gstride, nv, nblk;
+    int64_t panel_floats;      // the panels (scratch ahead of the correlation's own)
+    int64_t nitems;
+};
+
+// Sample k on one thread: its weight panels, then every item of its correlation (the
+// same calls, in the same order, as a one-thread section of that sample).
+void cg_pw_sample_task(const PwSamples* S, int64_t k, float* scratch) {
+    CorrProblem P = S->base;
+    cg_pack_panels((const void*)(intptr_t)S->srcs[k], S->dtype, S->T, S->A, S->B, S->st, S->sa,
+                   S->sb, S->gstride, S->nv, scratch, 0, S->nblk);
+    P.in.ptr = (const void*)(intptr_t)S->ins[k];
+    P.out = (void*)(intptr_t)S->outs[k];
+    P.wpk = scratch;
+    cg_corr_run(&P, 0, S->nitems, scratch + (S->panel_floats + 15) / 16 * 16);
+}
+
+}  // extern "C"
