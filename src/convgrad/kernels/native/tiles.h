@@ -24,6 +24,28 @@ constexpr int BMAX = 4;
 constexpr int64_t GEMM_PF = 8;
 constexpr int64_t GEMM_PF_FAR = 32, GEMM_PF_FAR_FROM = 128;
 
+// One position of gemm_tile: acc[i][k] += row(i) * (block k of B's row at Bp, blocks
+// bstride floats apart) for the MR rows; row(i) reads row i's float (inlined, i a
+// constant once the loop is unrolled, so each way of addressing the rows keeps its
+// pointers in registers).
+template <int MR, int NV, int BK, class Row>
+__attribute__((always_inline)) inline void gemm_position(vf (&acc)[MR][BK][NV], const float* Bp,
+                                                         int64_t bstride, Row row) {
+    vf b[BK][NV];
+#pragma GCC unroll 8
+    for (int k = 0; k < BK; k++)
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v++) b[k][v] = load(Bp + k * bstride + v * VL);
+#pragma GCC unroll 64
+    for (int i = 0; i < MR; i++) {
+        const vf s = bcast(row(i));
+#pragma GCC unroll 8
+        for (int k = 0; k < BK; k++)
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++) acc[i][k][v] += s * b[k][v];
+    }
+}
+
 // C_i[k*NB + j] += sum_l sum_p A_i[l*aline + p*lda] * B_k[l*bline + p*NB + j] for MR
 // rows i and BK blocks k of B (B_k = B + k*bstride), over nl lines of np positions;
 // nvalid counts the valid columns of all blocks.  Row i reads A_i = a[i] (one input
@@ -80,21 +102,10 @@ void gemm_tile(int64_t np, int64_t nl, const float* const* a, int64_t lda, int64
         const int64_t rs2 = 2 * rs, rs3 = 3 * rs;
         for (int64_t l = 0; l < nl; l++, B += bline) {
             for (int64_t p = 0; p < np; p++) {
-                vf b[BK][NV];
-#pragma GCC unroll 8
-                for (int k = 0; k < BK; k++)
-#pragma GCC unroll 8
-                    for (int v = 0; v < NV; v++) b[k][v] = load(B + k * bstride + p * NB + v * VL);
-#pragma GCC unroll 64
-                for (int i = 0; i < MR; i++) {
+                gemm_position<MR, NV, BK>(acc, B + p * NB, bstride, [&](int i) {
                     const float* q = gb[i / 4];
-                    const float x = i % 4 == 0 ? q[0] : i % 4 == 1 ? q[rs] : i % 4 == 2 ? q[rs2] : q[rs3];
-                    vf s = bcast(x);
-#pragma GCC unroll 8
-                    for (int k = 0; k < BK; k++)
-#pragma GCC unroll 8
-                        for (int v = 0; v < NV; v++) acc[i][k][v] += s * b[k][v];
-                }
+                    return i % 4 == 0 ? q[0] : i % 4 == 1 ? q[rs] : i % 4 == 2 ? q[rs2] : q[rs3];
+                });
 #pragma GCC unroll 8
                 for (int q = 0; q < NG; q++) gb[q] += lda;
             }
@@ -110,19 +121,7 @@ void gemm_tile(int64_t np, int64_t nl, const float* const* a, int64_t lda, int64
                     __builtin_prefetch(ap + pfo);
                     __builtin_prefetch(ap + pfo + MR - 1);
                 }
-                vf b[BK][NV];
-#pragma GCC unroll 8
-                for (int k = 0; k < BK; k++)
-#pragma GCC unroll 8
-                    for (int v = 0; v < NV; v++) b[k][v] = load(B + k * bstride + p * NB + v * VL);
-#pragma GCC unroll 64
-                for (int i = 0; i < MR; i++) {
-                    vf s = bcast(ap[i]);
-#pragma GCC unroll 8
-                    for (int k = 0; k < BK; k++)
-#pragma GCC unroll 8
-                        for (int v = 0; v < NV; v++) acc[i][k][v] += s * b[k][v];
-                }
+                gemm_position<MR, NV, BK>(acc, B + p * NB, bstride, [&](int i) { return ap[i]; });
             }
         }
     } else {
@@ -132,20 +131,9 @@ void gemm_tile(int64_t np, int64_t nl, const float* const* a, int64_t lda, int64
                     __builtin_prefetch(A[0] + p * lda + pfo);
                     __builtin_prefetch(A[MR - 1] + p * lda + pfo);
                 }
-                vf b[BK][NV];
-#pragma GCC unroll 8
-                for (int k = 0; k < BK; k++)
-#pragma GCC unroll 8
-                    for (int v = 0; v < NV; v++) b[k][v] = load(B + k * bstride + p * NB + v * VL);
                 const int64_t ap = p * lda;
-#pragma GCC unroll 64
-                for (int i = 0; i < MR; i++) {
-                    vf s = bcast(A[i][ap]);
-#pragma GCC unroll 8
-                    for (int k = 0; k < BK; k++)
-#pragma GCC unroll 8
-                        for (int v = 0; v < NV; v++) acc[i][k][v] += s * b[k][v];
-                }
+                gemm_position<MR, NV, BK>(acc, B + p * NB, bstride,
+                                          [&](int i) { return A[i][ap]; });
             }
 #pragma GCC unroll 64
             for (int i = 0; i < MR; i++) A[i] += aline;
