@@ -124,6 +124,18 @@ def run_native(lib, fn: str, args: list[tuple], threads: int,
     lib.cg_run_tasks(tasks.ctypes.data, len(args), max(1, threads), base, per)
 
 
+def run_native_ranges(lib, fn: str, head: tuple, ntasks: int, threads: int,
+                      per_thread: int = 4) -> None:
+    """``fn(*head, lo, hi)`` over ``[0, ntasks)``: one call on the calling thread with one
+    thread (or one task), else ``per_thread * threads`` ranges on :func:`run_native`."""
+    if threads <= 1 or ntasks <= 1:
+        if ntasks > 0:
+            getattr(lib, fn)(*head, 0, ntasks)
+        return
+    run_native(lib, fn, [(*head, lo, hi) for lo, hi in split(ntasks, per_thread * threads)],
+               threads)
+
+
 def thread_scratch(key: str, floats: int, threads: int):
     """Scratch of ``floats`` float32 for each of ``threads`` threads of a
     :func:`run_native` section, in one buffer of the calling thread

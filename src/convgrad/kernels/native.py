@@ -209,9 +209,6 @@ class Engine:
                 ("cg_wgrad_run", None, [vp, i64, i64, i64, i64, i64, i64, vp, vp]),
                 ("cg_wgrad_run_shared", None, [vp, vp, i64, vp, vp]),
                 ("cg_sum_parts", None, [vp, i64, i64]),
-                ("cg_pack_panels", None, [vp, i64, i64, i64, i64, i64, i64, i64, i64, i64, vp,
-                                          i64, i64]),
-                ("cg_permute", None, [vp, vp, i64, vp, vp, vp, i64, i64]),
                 ("cg_permute_task", None, [vp, i64, i64]),
                 ("cg_pack_panels_task", None, [vp, i64, i64]),
                 ("cg_pw_sample_task", None, [vp, i64, vp]),
@@ -547,15 +544,9 @@ def permuted_copy(a: np.ndarray) -> np.ndarray | None:
 
     # on the engine's workers, ranges taken from a shared counter (Python's pool threads
     # were slow after the benchmark's pause: placed on the caller's vCPU)
-    if threads <= 1 or nb <= 1:
-        eng.lib.cg_permute(a.ctypes.data, out.ctypes.data, es, shape.ctypes.data,
-                           ss.ctypes.data, ds.ctypes.data, 0, nb)
-        return result
     d = _i64([a.ctypes.data, out.ctypes.data, es, shape.ctypes.data, ss.ctypes.data,
               ds.ctypes.data])
-    _pool.run_native(eng.lib, "cg_permute_task",
-                     [(d.ctypes.data, lo, hi) for lo, hi in _pool.split(nb, 4 * threads)],
-                     threads)
+    _pool.run_native_ranges(eng.lib, "cg_permute_task", (d.ctypes.data,), nb, threads)
     return result
 
 
@@ -659,22 +650,23 @@ def _weights(eng: Engine, w3: np.ndarray, A: int, B: int, sa: int, sb: int, gstr
     most layers, which maps them onto a few cache sets (measured: ResNet-50 res5
     forward at 38 GFLOP/s on one core in place, 82 packed)."""
     T = w3.shape[0]
-    nb = nv * eng.vl
-    nblk = -(-B // nb)
+    blocks, *steps = _panel_steps(groups, T, A, B, nv * eng.vl)
     st = w3.strides[0] // w3.itemsize
-    out = scratch("native-panels", (groups * nblk * T * A * nb,), np.float32, zero=False)
-    code = DTYPE_CODES[w3.dtype]
+    out = scratch("native-panels", (blocks * steps[1],), np.float32, zero=False)
+    d = _i64([w3.ctypes.data, DTYPE_CODES[w3.dtype], T, A, B, st, sa, sb, gstride, nv,
+              out.ctypes.data])
+    # (on the engine's workers: see permuted_copy)
+    _pool.run_native_ranges(eng.lib, "cg_pack_panels_task", (d.ctypes.data,), blocks,
+                            threads if out.nbytes > 2**20 else 1)
+    return (out, *steps)
 
-    nbk = groups * nblk
-    if threads <= 1 or nbk <= 1 or out.nbytes <= 2**20:
-        eng.lib.cg_pack_panels(w3.ctypes.data, code, T, A, B, st, sa, sb, gstride, nv,
-                               out.ctypes.data, 0, nbk)
-    else:                    # (on the engine's workers: see permuted_copy)
-        d = _i64([w3.ctypes.data, code, T, A, B, st, sa, sb, gstride, nv, out.ctypes.data])
-        _pool.run_native(eng.lib, "cg_pack_panels_task",
-                         [(d.ctypes.data, lo, hi) for lo, hi in _pool.split(nbk, 4 * threads)],
-                         threads)
-    return out, nblk * T * A * nb, T * A * nb, A * nb, nb
+
+def _panel_steps(groups: int, T: int, A: int, B: int, nb: int) -> tuple:
+    """Weight panels [g][ob][t][a][nb] of ``groups`` groups, T taps, A rows and B columns:
+    (blocks (g, ob) in all, wg, wob, wt, wc) -- the steps of :func:`_weights`, a block
+    wob floats."""
+    nblk = -(-B // nb)
+    return groups * nblk, nblk * T * A * nb, T * A * nb, A * nb, nb
 
 
 # -- plans: everything about a call that depends on its geometry only (cached) ---------------
@@ -939,23 +931,15 @@ def _pw_samples(eng: Engine, a_of, b_of, outs, threads: int, stream: bool) -> bo
     if not len(plan.items):
         return True
     es = b3.itemsize
-    nb = plan.nv * eng.vl
-    nblk = -(-b // nb)
     T = b3.shape[0]
-    panel_floats = nblk * T * a * nb
-    ostr = [s // out.itemsize for s in out.strides]
-    ostr5 = [ostr[0], 0] + ostr[1:]
-    base = _Corr(_tensor(inp), out.ctypes.data, (_I64 * 5)(*ostr5), DTYPE_CODES[out.dtype],
-                 plan.n, (_I64 * 3)(*plan.lin), plan.cin, plan.cout, plan.groups,
-                 (_I64 * 3)(*plan.istep), (_I64 * 3)(*plan.ostep), plan.phases.ctypes.data,
-                 plan.taps.ctypes.data, 0, panel_floats, T * a * nb,
-                 a * nb, nb, plan.ntap_w, plan.nv, plan.rmax, plan.ob_group,
-                 plan.items.ctypes.data, int(stream), plan.wphases)
+    blocks, *steps = _panel_steps(1, T, a, b, plan.nv * eng.vl)
+    panel_floats = blocks * steps[1]
+    base = _corr_problem(plan, inp, out, 0, steps, stream)
     tables = [_i64([v[i].ctypes.data for v in views]) for i in range(3)]
     prob = _PwSamples(base, tables[0].ctypes.data, tables[1].ctypes.data,
                       tables[2].ctypes.data, DTYPE_CODES[b3.dtype], T, a, b,
                       b3.strides[0] // es, b3.strides[1] // es, b3.strides[2] // es, 0,
-                      plan.nv, nblk, panel_floats, len(plan.items))
+                      plan.nv, blocks, panel_floats, len(plan.items))
     pp = ctypes.addressof(prob)
     need = -(-panel_floats // 16) * 16 + int(eng.lib.cg_corr_scratch(
         ctypes.addressof(prob.base), 0, len(plan.items)))
@@ -1013,23 +997,28 @@ def _is_packed(a: np.ndarray) -> bool:
     return not (a.dtype == np.float32 and a.strides[-1] == a.itemsize)
 
 
+def _corr_problem(plan: CorrPlan, inp: np.ndarray, out: np.ndarray, wpk: int, steps,
+                  stream: bool) -> _Corr:
+    """The engine's description of ``plan`` on ``inp`` into ``out``, the weight panels at
+    address ``wpk`` with steps (wg, wob, wt, wc) (:func:`_weights`)."""
+    ostr = [s // out.itemsize for s in out.strides]
+    r = out.ndim - 2
+    ostr5 = [ostr[0]] + [0] * (3 - r) + ostr[1:]
+    return _Corr(_tensor(inp), out.ctypes.data, (_I64 * 5)(*ostr5), DTYPE_CODES[out.dtype],
+                 plan.n, (_I64 * 3)(*plan.lin), plan.cin, plan.cout, plan.groups,
+                 (_I64 * 3)(*plan.istep), (_I64 * 3)(*plan.ostep), plan.phases.ctypes.data,
+                 plan.taps.ctypes.data, wpk, *steps, plan.ntap_w, plan.nv, plan.rmax,
+                 plan.ob_group, plan.items.ctypes.data, int(stream), plan.wphases)
+
+
 def _corr(eng: Engine, plan: CorrPlan, inp: np.ndarray, out: np.ndarray, weights,
           threads: int, stream: bool = False) -> None:
     """Run the corr kernel over every work item of ``plan`` (see engine.cpp);
     ``stream``: ``out`` may be written with streaming stores (``_results.streams``)."""
     if not len(plan.items):
         return
-    warr, wg, wob, wt, wc = weights
-    ostr = [s // out.itemsize for s in out.strides]
-    r = out.ndim - 2
-    ostr5 = [ostr[0]] + [0] * (3 - r) + ostr[1:]
-    prob = _Corr(_tensor(inp), out.ctypes.data, (_I64 * 5)(*ostr5), DTYPE_CODES[out.dtype],
-                 plan.n,
-                 (_I64 * 3)(*plan.lin), plan.cin, plan.cout, plan.groups,
-                 (_I64 * 3)(*plan.istep), (_I64 * 3)(*plan.ostep), plan.phases.ctypes.data,
-                 plan.taps.ctypes.data, warr.ctypes.data, wg, wob, wt, wc, plan.ntap_w,
-                 plan.nv, plan.rmax, plan.ob_group, plan.items.ctypes.data, int(stream),
-                 plan.wphases)
+    warr, *steps = weights
+    prob = _corr_problem(plan, inp, out, warr.ctypes.data, steps, stream)
     pp = ctypes.addressof(prob)
 
     n = len(plan.items)

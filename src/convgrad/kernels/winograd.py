@@ -85,11 +85,6 @@ class _WinoWgrad(ctypes.Structure):
                 ("cpad", _I64), ("nv", _I64), ("items", _VP)]
 
 
-class _MBox(ctypes.Structure):
-    _fields_ = [("g0", _I64), ("ng", _I64), ("c0", _I64), ("nc", _I64), ("ob0", _I64),
-                ("nob", _I64)]
-
-
 def _lib(eng: native.Engine):
     """The engine's library with the Winograd entry points declared (once)."""
     lib = eng.lib
@@ -104,9 +99,6 @@ def _lib(eng: native.Engine):
                                 ("cg_wino_input", None, [vp, i64, i64, vp, vp]),
                                 ("cg_wino_weights", None, [vp, i64, i64, vp]),
                                 ("cg_wino_wgrad_scratch", i64, [vp, i64, i64]),
-                                ("cg_wino_wgrad_run", None, [vp, i64, i64, vp, vp, vp]),
-                                ("cg_wino_wgrad_finish", None, [vp, vp, vp, i64, i64, vp, i64,
-                                                                i64]),
                                 ("cg_wino_wgrad_task", None, [vp, vp, i64, vp]),
                                 ("cg_wino_wgrad_finish_rows", None, [vp, vp, i64, i64])):
             fn = getattr(lib, name)
@@ -812,10 +804,8 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
         rows = G * plan.cpad
         fin = native._i64([0, G, 0, plan.cpad, 0, plan.nob, sums.ctypes.data, plan.parts,
                            plan.box_floats, dw.ctypes.data])
-        _pool.run_native(lib, "cg_wino_wgrad_finish_rows",
-                         [(pp, fin.ctypes.data, lo, hi)
-                          for lo, hi in _pool.split(rows, 4 * threads)],
-                         threads if rows >= 64 else 1)
+        _pool.run_native_ranges(lib, "cg_wino_wgrad_finish_rows", (pp, fin.ctypes.data), rows,
+                                threads if rows >= 64 else 1)
     del prob, buf, table
     if not np.isfinite(dw).all():
         # a NaN or Inf mixed into every tap's sums by the transforms: the direct engine
