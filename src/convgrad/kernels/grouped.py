@@ -904,9 +904,12 @@ def _streams_dx(dx: np.ndarray, vl: int) -> bool:
     stores (``_results.streams``; every pixel's channels whole cache lines, in any of
     the dtypes). MobileNetV2's stride-1 depthwise data gradient (14.5 MB): 1.3-1.4x
     against plain stores, which read every dx line before writing it; stride 2
-    (38.5 MB) 1.6x; its float16 / bfloat16 result 1.4x / 1.16x."""
+    (38.5 MB) 1.6x; its float16 / bfloat16 result 1.4x / 1.16x.  The kernel streams pairs
+    of lane vectors, and a lone vector too where it is a whole line (float32 lanes of
+    64 bytes): MobileNetV2's 144 channels (4 pairs and one vector) stream on AVX-512."""
     es = dx.itemsize
-    return _results.streams(dx) and (dx.shape[-1] * es) % max(64, 2 * vl * es) == 0
+    line = 64 if vl * es % 64 == 0 else 2 * vl * es
+    return _results.streams(dx) and (dx.shape[-1] * es) % max(64, line) == 0
 
 
 def _budget_partials() -> int:
