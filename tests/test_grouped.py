@@ -340,8 +340,9 @@ def test_flat_planes_take_same_size_channels_first_depthwise(isa, hw, k, d, rng,
     column masks, the rows where a tap leaves the plane in row pieces): equal to the
     reference on planes smaller than a vector, one row, dilations; a NaN and an Inf at row
     ends (where masked lanes read) reach exactly the outputs the float64 definition gives
-    them (D17); the weight gradient bitwise the same on 1-3 threads.  Channels-last and
-    16-bit calls do not take them (strided ones: the test below)."""
+    them (D17); the weight gradient bitwise the same on 1-3 threads, and in float16 /
+    bfloat16 too.  Channels-last calls and 16-bit forward / data gradients do not take
+    them (strided ones: the test below)."""
     taken = _flat_calls(monkeypatch)
     C, n, r = 20, 2, len(hw)
     p = (k - 1) * d // 2
@@ -379,6 +380,21 @@ def test_flat_planes_take_same_size_channels_first_depthwise(isa, hw, k, d, rng,
     np.testing.assert_array_equal(np.isnan(dw_old), np.isnan(want_dw))
     fin = np.isfinite(want_dw)
     assert_close(dw_old[fin], want_dw[fin], np.float32)
+    # float16 / bfloat16 weight gradients read their planes in place, widened as they
+    # are loaded (masked loads at the ends): against the definition on the rounded inputs
+    for dt in (np.float16, bfloat16):
+        xh, dyh = x.astype(dt), dy.astype(dt)
+        with np.errstate(invalid="ignore"):
+            want_h = naive.wgrad(xh.astype(np.float64), dyh.astype(np.float64), (k,) * r,
+                                 **geo)
+        with convgrad.config(algo="grouped", isa=isa, threads=2):
+            got_h = convgrad.conv_weight_grad(xh, dyh, w.shape, **kw)
+        assert taken.pop() == "wgrad"
+        assert got_h.dtype == np.dtype(dt)
+        np.testing.assert_array_equal(np.isnan(got_h), np.isnan(want_h))
+        np.testing.assert_array_equal(np.isinf(got_h), np.isinf(want_h))
+        fin = np.isfinite(want_h)
+        assert_close(got_h[fin], want_h[fin], dt)
     for other in dws[1:]:                    # a fixed order whatever the threads
         np.testing.assert_array_equal(other, dws[0])
     for got, want in ((y, want_y), (dx, want_dx), (dws[0], want_dw)):

@@ -97,7 +97,7 @@ class _Flat(ctypes.Structure):
     _fields_ = [("src", _VP), ("out", _VP), ("sn", _I64), ("sc", _I64), ("on", _I64),
                 ("oc", _I64), ("w", _VP), ("N", _I64), ("C", _I64), ("H", _I64), ("W", _I64),
                 ("ntap", _I64), ("off", _VP), ("yn", _I64), ("yc", _I64), ("sh", _I64),
-                ("sw", _I64), ("phases", _VP), ("widx", _VP)]
+                ("sw", _I64), ("phases", _VP), ("widx", _VP), ("dtype", _I64)]
 
 
 _BOUND: dict[str, tuple[int, int]] = {}
@@ -728,7 +728,8 @@ FLAT_PHASE_BYTES = 4 * 2**20
 def _flat(geom: ConvGeometry, *data: np.ndarray, op: str = "fwd") -> bool:
     """Whether a depthwise problem takes the flat-plane kernels (grouped.cpp:
     cg_flat_*): one channel per group and multiplier 1, 1-D or 2-D, every operand
-    float32 with each channel's plane contiguous (channels-first memory), and stride 1
+    float32 (a stride-1 weight gradient's also float16 or bfloat16) with each channel's
+    plane contiguous (channels-first memory), and stride 1
     with a result the size of the input ("same" padding) -- or, for a data or weight
     gradient, strides whose every phase of x has dy's size (x s times dy on each axis)."""
     if (not (geom.groups == geom.c == geom.o) or geom.spatial_rank > 2
@@ -742,10 +743,15 @@ def _flat(geom: ConvGeometry, *data: np.ndarray, op: str = "fwd") -> bool:
             return False
     elif any(s != 1 for s in geom.strides) or geom.in_sizes != geom.out_sizes:
         return False
+    # float32; a stride-1 weight gradient also float16 / bfloat16 (x and dy of one dtype,
+    # widened as they are loaded: half the bytes of the planar kernel's converted rows)
+    half = (op == "wgrad" and math.prod(geom.strides) == 1 and len({a.dtype for a in data}) == 1
+            and data[0].dtype in native.DTYPE_CODES)
     for a in data:
-        st = a.strides
-        if (a.dtype != np.float32 or st[-2] != 4 or st[-1] < math.prod(a.shape[1:-1]) * 4
-                or (a.ndim == 4 and st[1] != a.shape[2] * 4)):
+        st, es = a.strides, a.itemsize
+        if ((a.dtype != np.float32 and not half) or st[-2] != es
+                or st[-1] < math.prod(a.shape[1:-1]) * es
+                or (a.ndim == 4 and st[1] != a.shape[2] * es)):
             return False
     return True
 
@@ -762,7 +768,7 @@ def _flat_run(lib, op: str, src: np.ndarray, w: np.ndarray, out: np.ndarray,
     sh, sw = native._pad3(geom.strides, 1)[1:] if op == "dgrad" else (1, 1)
     prob = _Flat(src.ctypes.data, out.ctypes.data, st[0], st[-1], ost[0], ost[-1],
                  wt.ctypes.data, geom.n, geom.c, H, W, len(widx), off.ctypes.data, 0, 0,
-                 sh, sw, phases.ctypes.data, widx.ctypes.data)
+                 sh, sw, phases.ctypes.data, widx.ctypes.data, 0)
     pp = ctypes.addressof(prob)
     threads = _threads(src.nbytes + out.nbytes)
     buf, per_thread = _pool.thread_scratch("grouped-scratch", int(lib.cg_flat_scratch(pp)),
@@ -823,10 +829,11 @@ def _flat_wgrad(lib, x: np.ndarray, dy: np.ndarray, dw: np.ndarray, geom: ConvGe
     H, W = native._pad3(geom.out_sizes, 1)[1:]        # dy's planes (x's: s times them)
     off, phases, widx = _flat_phase_table(geom, "wgrad")
     sh, sw = native._pad3(geom.strides, 1)[1:]
-    st, yst = [s // 4 for s in x.strides], [s // 4 for s in dy.strides]
+    es = x.itemsize
+    st, yst = [s // es for s in x.strides], [s // es for s in dy.strides]
     prob = _Flat(x.ctypes.data, dw.ctypes.data, st[0], st[-1], 0, 0, dy.ctypes.data, geom.n,
                  geom.c, H, W, len(widx), off.ctypes.data, yst[0], yst[-1], sh, sw,
-                 phases.ctypes.data, widx.ctypes.data)
+                 phases.ctypes.data, widx.ctypes.data, native.DTYPE_CODES[x.dtype])
     pp = ctypes.addressof(prob)
     threads = _threads(x.nbytes + dy.nbytes)
     buf, per_thread = _pool.thread_scratch("grouped-scratch", int(lib.cg_flat_scratch(pp)),

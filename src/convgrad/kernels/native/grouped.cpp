@@ -1787,6 +1787,7 @@ struct FlatProblem {
     int64_t sh, sw;            // the result's stride phases (1, 1 but for data gradients)
     const int64_t* phases;     // per phase: rh, rw, first and end tap entry
     const int64_t* widx;       // per tap entry: its weight's tap
+    int64_t dtype;             // a weight gradient's x and dy (F32, F16, BF16); else F32
 };
 
 int64_t cg_flat_scratch(const FlatProblem* P);
@@ -1893,11 +1894,25 @@ inline lane_mask lane_range(int64_t lo, int64_t hi) {
     hi = std::max<int64_t>(0, std::min<int64_t>(VL, hi));
     return (lane_mask)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
 }
+// The lanes m of p as float32 (the others zero and never read: no fault past an end).
+template <int64_t DT>
+inline vf maskz_load_as(lane_mask m, const typename Elem<DT>::T* p) {
+    if constexpr (DT == F32) return (vf)_mm512_maskz_loadu_ps(m, p);
+    else if constexpr (DT == F16) return (vf)_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+    else return (vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16);
+}
 #else
 typedef vf lane_mask;
 inline lane_mask lanes_of(vf m) { return m; }
 inline vf fma_where(vf acc, vf a, vf b, lane_mask m) { return acc + keep(a * b, m); }
 #endif
+
+template <int64_t DT>
+inline float to_f32(typename Elem<DT>::T v) {
+    if constexpr (DT == F32) return v;
+    else if constexpr (DT == F16) return half_to_float(v);
+    else return bf16_to_float(v);
+}
 
 // out[h][w0, w1) of one plane over the taps valid there, tap by tap along the row (the
 // rows the vectors leave out: where some tap leaves the plane vertically)
@@ -2013,9 +2028,10 @@ void flat_plane(const FlatTaps& T, const FlatPlan& F, const float* in, const flo
 // flat positions (a fixed order: the result does not depend on the threads).  At
 // stride sh x sw, x's plane (sh*H x sw*W) is first cut into its phase planes (H x W
 // each, in ``planes``), and tap entry t reads phase eph[t] at its shift.
-template <int KH, int KW>
+template <int KH, int KW, int64_t DT>
 void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan& F,
                         int64_t c, const int* eph, float* planes) {
+    typedef typename Elem<DT>::T E;
     constexpr bool fixed = KH > 0;
     constexpr int NT = fixed ? KH * KW : FLAT_TAPS;
     const int64_t W = T.W, nt = T.ntap;
@@ -2027,7 +2043,7 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan&
     for (int k = 0; k < F.gfirst[F.ngroups]; k++) acc[k] = zero();
     for (int64_t t = 0; t < nt; t++) edge[t] = 0.0f;
     const int64_t HW = T.H * W, nph = P->sh * P->sw;
-    const float* xb[NT];
+    const E* xb[NT];
     // (rowcol: a fixed grid on one plane whose tap shifts are row + column offsets, the
     // middle column group alone unmasked)
     int64_t rs[NT];
@@ -2040,9 +2056,9 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan&
         }
     }
     for (int64_t n = 0; n < P->N; n++) {
-        const float* x = P->src + n * P->sn + c * P->sc;
-        const float* dy = P->w + n * P->yn + c * P->yc;
-        if (nph > 1) {
+        const E* x = (const E*)P->src + n * P->sn + c * P->sc;
+        const E* dy = (const E*)P->w + n * P->yn + c * P->yc;
+        if constexpr (DT == F32) if (nph > 1) {
             // phase (rh, rw)'s row a, column b: x[a*sh + rh][b*sw + rw]
             const int64_t XW = W * P->sw;
             for (int64_t hx = 0; hx < T.H * P->sh; hx++) {
@@ -2051,7 +2067,8 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan&
                              P->sw);
             }
         }
-        auto base = [&](int64_t t) { return nph > 1 ? planes + eph[t] * HW : x; };
+        // (strided: float32 only, its x planes split into phase planes)
+        auto base = [&](int64_t t) { return nph > 1 ? (const E*)(planes + eph[t] * HW) : x; };
         for (int k = 0; k < F.gfirst[F.ngroups]; k++) xb[k] = base(F.order[k]);
         // the row pieces the vectors leave out, tap by tap
         auto rows = [&](int64_t a, int64_t b) {
@@ -2060,11 +2077,11 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan&
                 for (int64_t t = 0; t < nt; t++) {
                     const int64_t hh = h + T.off[2 * t], ow = T.off[2 * t + 1];
                     if (hh < 0 || hh >= T.H) continue;
-                    const float* r = base(t) + hh * W + ow;
-                    const float* d = dy + h * W;
+                    const E* r = base(t) + hh * W + ow;
+                    const E* d = dy + h * W;
                     float e = 0.0f;
                     for (int64_t w = std::max(w0, -ow); w < std::min(w1, W - ow); w++)
-                        e += r[w] * d[w];
+                        e += to_f32<DT>(r[w]) * to_f32<DT>(d[w]);
                     edge[t] += e;
                 }
                 a += w1 - w0;
@@ -2079,7 +2096,7 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan&
         auto edges = [&](int64_t a, int64_t b) {
             for (int64_t p = a; p < b; p += VL) {
                 const lane_mask in = lane_range(0, b - p);
-                const vf d = (vf)_mm512_maskz_loadu_ps(in, dy + p);
+                const vf d = maskz_load_as<DT>(in, dy + p);
                 const int64_t cp = p % W;
                 for (int g = 0; g < F.ngroups; g++) {
                     const lane_mask mg = F.mask[g] ? in & lanes_of(load(F.mask[g] + cp)) : in;
@@ -2087,7 +2104,7 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan&
                         const int64_t oh = T.off[2 * F.order[k]];
                         const lane_mask m = mg & lane_range(-oh * W - p, HW - oh * W - p);
                         if (m == 0) continue;
-                        const vf xv = (vf)_mm512_maskz_loadu_ps(m, xb[k] + p + sh[k]);
+                        const vf xv = maskz_load_as<DT>(m, xb[k] + p + sh[k]);
                         acc[k] = fma_where(acc[k], d, xv, m);
                     }
                 }
@@ -2100,10 +2117,10 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan&
         // the next planes (this channel's next sample, or the next channel's first)
         // are prefetched along, a cache line of dy and nph of x per 16 pixels
         const bool last = n + 1 == P->N;
-        const char* xn = (const char*)(last ? (c + 1 < P->C ? P->src + (c + 1) * P->sc : nullptr)
-                                            : x + P->sn);
-        const char* yn = (const char*)(last ? (c + 1 < P->C ? P->w + (c + 1) * P->yc : nullptr)
-                                            : dy + P->yn);
+        const E* xn = last ? (c + 1 < P->C ? (const E*)P->src + (c + 1) * P->sc : nullptr)
+                           : x + P->sn;
+        const E* yn = last ? (c + 1 < P->C ? (const E*)P->w + (c + 1) * P->yc : nullptr)
+                           : dy + P->yn;
         if (cg_engine_dbg & 32768) xn = nullptr;
         int64_t i = F.ilo, col = i % W;
         if (rowcol) {
@@ -2111,28 +2128,29 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan&
             // column group unmasked: the KH row pointers and KW column indices stay in
             // registers (with a pointer a tap, GCC spilled them, reloaded every vector)
             constexpr int MID = KW / 2;
-            const float* xr[fixed ? KH : 1];
+            const E* xr[fixed ? KH : 1];
             int64_t cs[fixed ? KW : 1];
             const float* mk[fixed ? KW : 1];
             for (int j = 0; j < KH; j++) xr[j] = x + rs[j];
             for (int g = 0; g < KW; g++) cs[g] = sh[g * KH] - rs[0], mk[g] = F.mask[g];
             for (; i + VL <= F.ihi; i += VL) {
                 if (xn) {
-                    __builtin_prefetch(yn + 4 * i);
-                    __builtin_prefetch(xn + 4 * i);
+                    __builtin_prefetch(yn + i);
+                    __builtin_prefetch(xn + i);
                 }
-                const vf d = load(dy + i);
+                const vf d = load_as<DT>(dy + i);
 #pragma GCC unroll 8
                 for (int g = 0; g < KW; g++) {
                     const int64_t ig = i + cs[g];
                     if (g == MID) {
 #pragma GCC unroll 8
-                        for (int j = 0; j < KH; j++) acc[g * KH + j] += d * load(xr[j] + ig);
+                        for (int j = 0; j < KH; j++) acc[g * KH + j] += d * load_as<DT>(xr[j] + ig);
                     } else {
                         const lane_mask m = lanes_of(load(mk[g] + col));
 #pragma GCC unroll 8
                         for (int j = 0; j < KH; j++)
-                            acc[g * KH + j] = fma_where(acc[g * KH + j], d, load(xr[j] + ig), m);
+                            acc[g * KH + j] =
+                                fma_where(acc[g * KH + j], d, load_as<DT>(xr[j] + ig), m);
                     }
                 }
                 col += VL;
@@ -2141,10 +2159,10 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan&
         }
         for (; i + VL <= F.ihi; i += VL) {
             if (xn && (i & 15) < VL) {
-                __builtin_prefetch(yn + 4 * i);
-                for (int64_t j = 0; j < nph; j++) __builtin_prefetch(xn + 4 * (i * nph + 16 * j));
+                __builtin_prefetch(yn + i);
+                for (int64_t j = 0; j < nph; j++) __builtin_prefetch(xn + (i * nph + 16 * j));
             }
-            const vf d = load(dy + i);
+            const vf d = load_as<DT>(dy + i);
 #pragma GCC unroll 8
             for (int g = 0; g < ng; g++) {
                 const int k0 = fixed ? g * KH : F.gfirst[g];
@@ -2153,10 +2171,10 @@ void flat_wgrad_channel(const FlatProblem* P, const FlatTaps& T, const FlatPlan&
                     const lane_mask m = lanes_of(load(F.mask[g] + col));
 #pragma GCC unroll 8
                     for (int k = k0; k < k1; k++)
-                        acc[k] = fma_where(acc[k], d, load(xb[k] + i + sh[k]), m);
+                        acc[k] = fma_where(acc[k], d, load_as<DT>(xb[k] + i + sh[k]), m);
                 } else {
 #pragma GCC unroll 8
-                    for (int k = k0; k < k1; k++) acc[k] += d * load(xb[k] + i + sh[k]);
+                    for (int k = k0; k < k1; k++) acc[k] += d * load_as<DT>(xb[k] + i + sh[k]);
                 }
             }
             col += VL;
@@ -2236,13 +2254,20 @@ void cg_flat_wgrad_run(const FlatProblem* P, int64_t c0, int64_t c1, float* scra
         for (int64_t t = ph[2]; t < ph[3]; t++) eph[t] = (int)(ph[0] * P->sw + ph[1]);
     }
     const auto g = F.grid();
-    for (int64_t c = c0; c < c1; c++) {
-        if (g == std::make_pair(3, 3)) flat_wgrad_channel<3, 3>(P, T, F, c, eph, planes);
-        else if (g == std::make_pair(5, 5)) flat_wgrad_channel<5, 5>(P, T, F, c, eph, planes);
-        else if (g == std::make_pair(1, 3)) flat_wgrad_channel<1, 3>(P, T, F, c, eph, planes);
-        else if (g == std::make_pair(1, 5)) flat_wgrad_channel<1, 5>(P, T, F, c, eph, planes);
-        else flat_wgrad_channel<0, 0>(P, T, F, c, eph, planes);
-    }
+    auto channels = [&](auto dt) {
+        constexpr int64_t DT = decltype(dt)::value;
+        for (int64_t c = c0; c < c1; c++) {
+            if (g == std::make_pair(3, 3)) flat_wgrad_channel<3, 3, DT>(P, T, F, c, eph, planes);
+            else if (g == std::make_pair(5, 5)) flat_wgrad_channel<5, 5, DT>(P, T, F, c, eph, planes);
+            else if (g == std::make_pair(1, 3)) flat_wgrad_channel<1, 3, DT>(P, T, F, c, eph, planes);
+            else if (g == std::make_pair(1, 5)) flat_wgrad_channel<1, 5, DT>(P, T, F, c, eph, planes);
+            else flat_wgrad_channel<0, 0, DT>(P, T, F, c, eph, planes);
+        }
+    };
+    // (16-bit x and dy widened as they are loaded: stride 1 only, see grouped.py _flat)
+    if (P->dtype == F16) channels(std::integral_constant<int64_t, F16>{});
+    else if (P->dtype == BF16) channels(std::integral_constant<int64_t, BF16>{});
+    else channels(std::integral_constant<int64_t, F32>{});
 }
 
 }  // extern "C"

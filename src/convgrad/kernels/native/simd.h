@@ -418,6 +418,19 @@ static inline void store_run(void* dst, int64_t dtype, int64_t dstride, const fl
             const vu r = ((b & 0x7FFFFFFFu) > 0x7F800000u) ? quiet : rounded;
             *reinterpret_cast<vhu*>(d + i) = __builtin_convertvector(r, vh);
         }
+        // and 8 at a time (a pixel of 8 channels, shorter than the AVX-512 vector: the
+        // spec layer's bfloat16 data gradient 1.67 -> 1.3 ms hot, as its float16)
+        typedef uint32_t v8b __attribute__((vector_size(32)));
+        typedef uint32_t v8bu __attribute__((vector_size(32), aligned(4), may_alias));
+        typedef uint16_t v8h __attribute__((vector_size(16)));
+        typedef uint16_t v8hu __attribute__((vector_size(16), aligned(2), may_alias));
+        for (; i + 8 <= n; i += 8) {
+            const v8b b = *reinterpret_cast<const v8bu*>(src + i);
+            const v8b rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+            const v8b quiet = (b >> 16) | 0x0040u;
+            const v8b r = ((b & 0x7FFFFFFFu) > 0x7F800000u) ? quiet : rounded;
+            *reinterpret_cast<v8hu*>(d + i) = __builtin_convertvector(r, v8h);
+        }
     }
     for (; i < n; i++) d[i * dstride] = float_to_bf16(src[i]);
 }
