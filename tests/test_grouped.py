@@ -559,13 +559,15 @@ def test_data_gradients_with_too_many_stride_phases_are_declined():
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["f16", "bf16"])
-@pytest.mark.parametrize("name", ["dw-2d-k3", "dw-2d-k5-s2-asym", "dw-1d-k10-wide"])
+@pytest.mark.parametrize("name", ["dw-2d-k3", "dw-2d-k5-s2-asym", "dw-1d-k10-wide",
+                                  "spec-5to2-2d"])
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")   # sums past the maximum
 def test_half_depthwise_streams_convert_exactly(isa, dtype, name, rng):
-    """The streaming depthwise kernels convert 16-bit elements in their loads and round
-    each result once in their stores: bitwise what the float32 kernel computes from the
-    same values widened, then rounded (NumPy's / ml_dtypes' casts), tiny results that
-    round to float16 subnormals and values that round to infinity included."""
+    """The streaming depthwise kernels (and the grouped kernel of the spec layer, whose
+    dx pixels are 8 channels: stored 8 at a time) convert 16-bit elements in their loads
+    and round each result once in their stores: bitwise what the float32 kernel computes
+    from the same values widened, then rounded (NumPy's / ml_dtypes' casts), tiny results
+    that round to float16 subnormals and values that round to infinity included."""
     c = CASES[name]
     x, w, dy = make_arrays(c, rng, dtype, True)
     big = np.asarray(ml_dtypes.finfo(dtype).max, np.float32) / 2
@@ -586,3 +588,31 @@ def test_half_depthwise_streams_convert_exactly(isa, dtype, name, rng):
                                   dx32.astype(dtype).view(np.uint16))
     np.testing.assert_array_equal(np.asarray(dw16, np.float64), np.asarray(
         np.asarray(dw32, np.float32).astype(dw16.dtype), np.float64))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_bfloat16_results_of_eight_channel_pixels_round_ties_to_even(isa):
+    """The spec layer's grouped data gradient stores pixels of 8 dx channels, rounded to
+    bfloat16 8 at a time: results exactly halfway between two bfloat16 values round to
+    the even one (1 + 2^-7 + 2^-8 -> 1 + 2^-6; 1 + 2^-8 -> 1), as ml_dtypes rounds the
+    float32 result, in the channels-last memory the kernel stores whole pixels into."""
+    g, n, hw = 4, 2, (5, 7)
+    dy = np.zeros((n, *hw, 20), np.float32)                  # NXC memory, 4 groups of 5
+    dy[..., 0] = 1 + 2.0 ** -7
+    dy[..., 1] = 2.0 ** -8
+    dy[..., 5] = 1.0
+    dy[..., 6] = 2.0 ** -8
+    w = np.zeros((20, 2, 3, 3), np.float32)                   # OIX: 2 dx channels a group
+    w[0, 0, 1, 1] = w[1, 0, 1, 1] = 1.0                       # dx channel 0: a tie, odd
+    w[5, 1, 1, 1] = w[6, 1, 1, 1] = 1.0                       # dx channel 3: a tie, even
+    dyv = np.moveaxis(dy.astype(bfloat16), -1, 1)
+    kw = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], groups=g)
+    with convgrad.config(algo="grouped", isa=isa, threads=2):
+        got = convgrad.conv_data_grad(w.astype(bfloat16), dyv, (n, 8, *hw), **kw)
+        want = convgrad.conv_data_grad(w, np.moveaxis(dy, -1, 1), (n, 8, *hw), **kw)
+    assert got.dtype == np.dtype(bfloat16)
+    assert (np.asarray(want)[:, 0] == 1 + 2.0 ** -7 + 2.0 ** -8).all()
+    assert (np.asarray(got, np.float32)[:, 0] == 1 + 2.0 ** -6).all()
+    assert (np.asarray(got, np.float32)[:, 3] == 1.0).all()
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint16),
+                                  np.asarray(want, np.float32).astype(bfloat16).view(np.uint16))
