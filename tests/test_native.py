@@ -6,6 +6,7 @@ weight-gradient modes (long lines cut into chunks, short lines gathered), both
 thread splits; exact padding (D17), determinism, the ISA switch and the fallback
 when no build loads."""
 
+import itertools
 import os
 import subprocess
 import sys
@@ -620,18 +621,28 @@ def test_weights_in_any_layout(isa, layout, groups, rng):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16])
 def test_permuted_copies_are_exact(isa, dtype, rng):
     """The engine's blocked transposes (results brought back to a caller's layout)
-    copy every element of a permuted view, edges of odd sizes included."""
-    for shape, perm in [((9, 130, 131), (2, 1, 0)), ((3, 3, 67, 129), (3, 2, 0, 1)),
-                        ((3, 3, 3, 40, 72), (4, 3, 0, 1, 2)),           # taps merge into 27
-                        ((5, 7, 9, 11, 13), (4, 2, 0, 3, 1)), ((33, 40, 29), (1, 2, 0)),
-                        ((2, 3, 3, 3, 70, 90), None)]:
+    copy every element of a permuted view, edges of odd sizes included; with AVX-512,
+    2-16 destination-contiguous columns (a weight gradient's taps back to OIX) as 16 x 16
+    register transposes, and as 8 x 8 blocks with engine debug bit 2097152."""
+    cases = [((9, 130, 131), (2, 1, 0)), ((3, 3, 67, 129), (3, 2, 0, 1)),
+             ((3, 3, 3, 40, 72), (4, 3, 0, 1, 2)),           # taps merge into 27
+             ((4, 4, 50, 67), (3, 2, 0, 1)), ((2, 200, 170), (2, 1, 0)),  # 16 and 2 taps
+             ((5, 7, 9, 11, 13), (4, 2, 0, 3, 1)), ((33, 40, 29), (1, 2, 0)),
+             ((2, 3, 3, 3, 70, 90), None)]
+    with convgrad.config(isa=isa):
+        lib = native.engine().lib
+    for (shape, perm), bit in itertools.product(cases, (0, 2097152)):
         a = rng.standard_normal(shape).astype(dtype)
         if perm is None:                    # rank 6: NumPy's copy
             assert native.permuted_copy(a.transpose(5, 4, 3, 2, 1, 0)) is None
             continue
         v = a.transpose(perm)
-        with convgrad.config(isa=isa):
-            got = native.permuted_copy(v)
+        lib.cg_engine_set_dbg(bit)
+        try:
+            with convgrad.config(isa=isa):
+                got = native.permuted_copy(v)
+        finally:
+            lib.cg_engine_set_dbg(0)
         assert got is not None and got.flags.c_contiguous and got.dtype == v.dtype
         assert got.tobytes() == np.ascontiguousarray(v).tobytes()
     # last axis contiguous, or rows not unit-strided: NumPy's copy

@@ -1314,6 +1314,35 @@ void cg_pack_panels(const void* src, int64_t dtype, int64_t T, int64_t A, int64_
     }
 }
 
+#if defined(CG_ISA_AVX512) && !defined(CG_EMULATE_VL16)
+// r[0..16) transposed in registers: r[i] lane j <- r[j] lane i.
+static inline void transpose16(__m512 (&r)[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4)
+        for (int k = 0; k < 2; k++) {
+            r[i + k] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + k]),
+                                                           _mm512_castps_pd(t[i + 2 + k])));
+            r[i + 2 + k] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + k]),
+                                                               _mm512_castps_pd(t[i + 2 + k])));
+        }
+    for (int i = 0; i < 16; i += 8)
+        for (int k = 0; k < 4; k++) {
+            t[i + k] = _mm512_shuffle_f32x4(r[i + k], r[i + 4 + k], 0x88);
+            t[i + 4 + k] = _mm512_shuffle_f32x4(r[i + k], r[i + 4 + k], 0xDD);
+        }
+    for (int k = 0; k < 8; k++) {
+        r[k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0x88);
+        r[8 + k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0xDD);
+    }
+    // (the pd stage leaves columns 1 and 2 of every four swapped)
+    for (int i = 0; i < 16; i += 4) std::swap(r[i + 1], r[i + 2]);
+}
+#endif
+
 // A permuted copy (the layout back of a result seen through a transposed view):
 // element (b0, b1, b2, r, c) of shape[0..4] is read at src + sum(index * sstr) and
 // written at dst + sum(index * dstr) (strides in elements of es bytes, 2 or 4).
@@ -1339,6 +1368,28 @@ void cg_permute(const void* src, void* dst, int64_t es, const int64_t* shape,
         const float* s = (const float*)src + so;
         float* d = (float*)dst + doff;
         int64_t r8 = 0, c8 = 0;
+#if defined(CG_ISA_AVX512) && !defined(CG_EMULATE_VL16)
+        if (blocked && C >= 2 && C <= 16 && R >= 16 && !(cg_engine_dbg & 2097152)) {
+            // Few columns (a weight gradient's taps, (*K, C, O) back to OIX: 9 a row):
+            // 16 rows at a time, the C column vectors loaded whole and transposed in
+            // registers, each row stored as C lanes (where 8 x 8 blocks left the 9th
+            // column to a scalar loop writing one cache line each: ResNet-50 res5's
+            // 9.4 MB, 2 threads, 1.70 -> see docs/kernels.md; debug bit 2097152: 8 x 8)
+            const __mmask16 cm = (__mmask16)((1u << C) - 1u);
+            for (int64_t r0 = 0; r0 < R; r0 += 16) {
+                const int64_t nr = std::min<int64_t>(16, R - r0);
+                const __mmask16 rm = (__mmask16)(nr == 16 ? 0xFFFFu : (1u << nr) - 1u);
+                __m512 v[16];
+                for (int64_t c = 0; c < 16; c++)
+                    v[c] = c < C ? _mm512_maskz_loadu_ps(rm, s + r0 + c * sstr[4])
+                                 : _mm512_setzero_ps();
+                transpose16(v);
+                for (int64_t i = 0; i < nr; i++)
+                    _mm512_mask_storeu_ps(d + (r0 + i) * dstr[3], cm, v[i]);
+            }
+            continue;
+        }
+#endif
         if (blocked) {
             r8 = R - R % 8, c8 = C - C % 8;
             for (int64_t r = 0; r < r8; r += 8)
