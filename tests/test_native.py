@@ -551,6 +551,43 @@ def test_results_stored_in_16_bits_round_like_numpy(isa, dtype, way):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["f16", "bf16"])
+def test_large_float32_results_narrow_on_the_engines_threads_like_numpy(isa, dtype, rng,
+                                                                       monkeypatch):
+    """A large float32 result cast to 16 bits (a weight gradient's, computed in float32)
+    goes through the engine in ranges on its threads (native.narrowed_copy): every value
+    rounded as NumPy / ml_dtypes round it, NaN a NaN of its sign, on a size that does not
+    split evenly; small arrays take NumPy's path.  Through the public call: a float16 /
+    bfloat16 weight gradient of 73,728 values is bit for bit what NumPy's / ml_dtypes'
+    cast of the same float32 sums gives."""
+    x = _rounding_inputs()[: 3 * native.NARROW_MIN_ELEMENTS + 37]
+    with convgrad.config(isa=isa, threads=2):
+        got = native.narrowed_copy(x, dtype)
+        assert native.narrowed_copy(x[:100], dtype) is None
+        assert native.narrowed_copy(x[::2], dtype) is None
+    assert got is not None and got.dtype == np.dtype(dtype) and got.shape == x.shape
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.astype(dtype)
+    nan = np.isnan(x)
+    np.testing.assert_array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
+    assert np.isnan(got[nan].astype(np.float32)).all()
+    assert (np.signbit(got[nan].astype(np.float32)) == np.signbit(x[nan])).all()
+    xs = rng.standard_normal((2, 64, 9, 9)).astype(dtype)
+    dys = rng.standard_normal((2, 128, 9, 9)).astype(dtype)
+    kw = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1])
+    casts = []
+    real = native.narrowed_copy
+    monkeypatch.setattr(native, "narrowed_copy", lambda a, dt: casts.append(a.size) or real(a, dt))
+    with convgrad.config(algo="native", isa=isa, threads=2):
+        dw16 = convgrad.conv_weight_grad(xs, dys, (128, 64, 3, 3), **kw)
+        monkeypatch.setattr(native, "narrowed_copy", lambda a, dt: None)
+        dw_numpy = convgrad.conv_weight_grad(xs, dys, (128, 64, 3, 3), **kw)
+    assert casts == [dw16.size] and dw16.size >= native.NARROW_MIN_ELEMENTS
+    assert dw16.dtype == dw_numpy.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(dw16.view(np.uint16), dw_numpy.view(np.uint16))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["f16", "bf16"])
 @pytest.mark.parametrize("way", ["runs", "vectors"])
 def test_16_bit_inputs_widen_exactly(isa, dtype, way):
     """Every float16/bfloat16 bit pattern widens to NumPy's / ml_dtypes' float32
