@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from .. import kernels, layouts, memory, ops, settings
-from ..dtypes import as_array, bfloat16, common_dtype
+from ..dtypes import FLOAT_DTYPES, as_array, common_dtype
 from ..errors import fail
 from ..geometry import ConvGeometry, MAX_DIM
 
@@ -115,8 +115,7 @@ class Plan:
             out += bias.astype(out.dtype).reshape((1, -1) + (1,) * self.geom.spatial_rank)
         out = self.from_canonical(out)
         assert out.shape == self.out_shape, (out.shape, self.out_shape)
-        half = dtype == np.float16 or dtype == bfloat16
-        if out.dtype != dtype and (dtype.kind == "f" or half) and self.kind == "wgrad":
+        if out.dtype != dtype and dtype in FLOAT_DTYPES and self.kind == "wgrad":
             # a weight gradient made contiguous first (a permuted copy on the engine's
             # threads where large): the fast casts, the engine's from 64 Ki values
             out = layouts.contiguous(out)
@@ -164,11 +163,10 @@ def cast_result(out: np.ndarray, dtype: np.dtype, *, order: str = "K") -> np.nda
         out = _saturate(out, dtype)
     if out.dtype == dtype:
         return out
-    if out.flags.c_contiguous and (dtype == np.float16 or dtype == bfloat16):
-        from ..kernels import native           # (large results: the engine's threads)
-        fast = native.narrowed_copy(out, dtype)
-        if fast is not None:
-            return fast
+    from ..kernels import native    # (large float32 results to 16 bits: the engine's threads)
+    fast = native.narrowed_copy(out, dtype)
+    if fast is not None:
+        return fast
     if dtype == np.float16:
         from .._half import to_float16     # NumPy's float16 cast is slow
         if out.flags.c_contiguous:

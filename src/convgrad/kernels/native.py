@@ -999,24 +999,20 @@ def narrowed_copy(a: np.ndarray, dtype) -> np.ndarray | None:
             or available() is not None):
         return None
     out = _results.empty(a.shape, dtype)
-    n, threads = a.size, _threads(a.size * 64)
-    step = -(-n // (4 * threads)) if threads > 1 else n
-    step = -(-step // 64) * 64                        # (whole cache lines a range)
+    threads = _threads(a.size * 64)
     src, dst, code = a.ctypes.data, out.ctypes.data, DTYPE_CODES[dtype]
     _pool.run_native(engine().lib, "cg_store_floats",
-                     [(dst + 2 * lo, code, src + 4 * lo, min(step, n - lo))
-                      for lo in range(0, n, step)], threads)
+                     [(dst + 2 * lo, code, src + 4 * lo, hi - lo)
+                      for lo, hi in _pool.split(a.size, 4 * threads)], threads)
     return out
 
 
 def parallel_copy(dst: np.ndarray, src: np.ndarray, threads: int) -> np.ndarray:
     """``dst[...] = src`` (C-contiguous float32 arrays of one size) by the engine's
     threads, 4 ranges a thread: the benchmark's measure of moving a row's bytes."""
-    n, k = src.size, 4 * max(1, threads)
-    step = -(-n // k)
     _pool.run_native(engine().lib, "cg_load_floats",
-                     [(dst.ctypes.data + 4 * lo, src.ctypes.data + 4 * lo, 0, min(step, n - lo))
-                      for lo in range(0, n, step)], threads)
+                     [(dst.ctypes.data + 4 * lo, src.ctypes.data + 4 * lo, 0, hi - lo)
+                      for lo, hi in _pool.split(src.size, 4 * max(1, threads))], threads)
     return dst
 
 
