@@ -31,6 +31,19 @@ def _fresh_choices():
     kernels.clear_choices()
 
 
+@pytest.fixture(autouse=True)
+def _bound_calls(request):
+    """Bound calls (kernels/_bound.py) keep a kernel's decisions from a runner's second
+    call on; tests that change kernel constants or functions between calls of one shape
+    would get the decisions of before, so tests run the full path, except those marked
+    ``bound_calls`` (the tests of bound calls and of what repeated calls reuse)."""
+    from convgrad.kernels import _bound
+    was = _bound.ENABLED
+    _bound.ENABLED = request.node.get_closest_marker("bound_calls") is not None
+    yield
+    _bound.ENABLED = was
+
+
 def recycled_results_and_decisions(monkeypatch, module=None, name=None):
     """Every result from the pool (whatever its size, streaming allowed), and a list
     that records each decision ``module.name`` makes from now on (None without one)."""

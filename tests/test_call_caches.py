@@ -13,6 +13,7 @@ from convgrad.geometry import make_geometry
 
 from test_memory_threads import _call, _spec_3d
 
+pytestmark = pytest.mark.bound_calls
 ATTRS = dict(pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1], data_format="NXC",
              weights_format="XIO")
 

@@ -122,6 +122,9 @@ class Kernel:
     half_io: bool = False
     # extra bytes by part (see the module doc); None: conversions() only
     memory: "Callable[[Call], dict[str, int]] | None" = None
+    # bind(a, b, geom, out_dtype) -> run(a, b) or None: the call's decisions kept for
+    # new arrays of the same shapes, strides and dtypes (``_bound``); None: never binds
+    bind: "Callable | None" = None
 
 
 _REGISTRY: dict[str, list[Kernel]] = {op: [] for op in OPS}
@@ -327,10 +330,10 @@ def _register_builtin() -> None:
                         layout="nxc", converts=True, half_io=True, memory=native.memory))
         register(Kernel("winograd", op, getattr(winograd, op), winograd.supports,
                         priority=35, layout="nxc", converts=True, half_io=True,
-                        memory=winograd.memory))
+                        memory=winograd.memory, bind=winograd.bind(op)))
         register(Kernel("grouped", op, getattr(grouped, op), grouped.supports_op(op),
                         priority=34, layout="nxc", converts=True, half_io=True,
-                        memory=grouped.memory))
+                        memory=grouped.memory, bind=grouped.bind(op)))
         register(Kernel("reference", op, getattr(reference, op), _always, priority=0,
                         memory=_reference_memory))
         register(Kernel("im2col", op, getattr(im2col, op), _always, priority=10,

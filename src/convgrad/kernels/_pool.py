@@ -18,6 +18,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 
+from ._bound import address
+
 _POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
 _LOCK = threading.Lock()
 
@@ -121,7 +123,7 @@ def run_native(lib, fn: str, args: list[tuple], threads: int,
     import numpy as np
     tasks = np.array([(addr, len(a), *a) + (0,) * (4 - len(a)) for a in args], np.int64)
     base, per = scratch if scratch is not None else (None, 0)
-    lib.cg_run_tasks(tasks.ctypes.data, len(args), max(1, threads), base, per)
+    lib.cg_run_tasks(address(tasks), len(args), max(1, threads), base, per)
 
 
 def run_native_ranges(lib, fn: str, head: tuple, ntasks: int, threads: int,
@@ -145,4 +147,4 @@ def thread_scratch(key: str, floats: int, threads: int):
     from ._blas import scratch
     per = -(-max(floats, 16) // 16) * 16
     buf = scratch(key, (threads * per,), np.float32, zero=False)
-    return buf, (buf.ctypes.data, per * 4)
+    return buf, (address(buf), per * 4)

@@ -26,6 +26,7 @@ from collections import OrderedDict
 import numpy as np
 
 from .. import settings
+from ._bound import address
 
 # Results smaller than this come from NumPy (the heap reuses small blocks by itself).
 MIN_BYTES = 1 * 2**20
@@ -55,10 +56,10 @@ class Lease:
     def __init__(self, raw: np.ndarray, shape, dtype, recycled: bool = False):
         self._raw = raw
         self.recycled = recycled        # the memory was used before (its pages mapped)
-        offset = (-raw.ctypes.data) % ALIGN
+        at = address(raw)
         self.__array_interface__ = {"shape": tuple(int(s) for s in shape),
                                     "typestr": np.dtype(dtype).str,
-                                    "data": (raw.ctypes.data + offset, False), "version": 3}
+                                    "data": (at + (-at) % ALIGN, False), "version": 3}
 
     def __del__(self):
         try:
@@ -146,7 +147,7 @@ def streams(a: np.ndarray) -> bool:
     (beyond what the caches would keep of it) in recycled memory (:func:`recycled`),
     its base and every stride but the last a multiple of 64 bytes.  The kernels
     stream only stores that fill whole cache lines."""
-    return (a.nbytes >= STREAM_MIN_BYTES and recycled(a) and a.ctypes.data % 64 == 0
+    return (a.nbytes >= STREAM_MIN_BYTES and recycled(a) and address(a) % 64 == 0
             and all(s % 64 == 0 for s in a.strides[:-1]))
 
 

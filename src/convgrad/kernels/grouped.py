@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import settings
 from ..geometry import ConvGeometry
-from . import _pool, _results, native
+from . import _bound, _pool, _results, native
 from ._blas import scratch
 
 # Per-thread scratch target: packed source lines (kept while the tiles of the
@@ -904,6 +904,149 @@ def _depthwise_dgrad(lib, vl: int, w: np.ndarray, dy: np.ndarray, dx: np.ndarray
                                               _pool.split(lines, 4 * threads)], threads)
     del prob, wp
     return dx
+
+
+def _bind_depthwise_dgrad(lib, vl: int, w: np.ndarray, dy: np.ndarray, dx: np.ndarray,
+                          geom: ConvGeometry, alloc):
+    """:func:`_depthwise_dgrad` bound (``_bound``): its descriptor, packed weights and
+    task table made once; a call fills the weights, the two data pointers and the
+    streaming choice (which depends on where the result landed)."""
+    ntap, LP = math.prod(geom.kernel), -(-geom.c // vl) * vl
+    wp = np.zeros((ntap, LP), np.float32)
+    k3, s3, d3, p3 = (native._pad3(geom.kernel, 1), native._pad3(geom.strides, 1),
+                      native._pad3(geom.dilations, 1), native._pad3(geom.pads_begin, 0))
+    l3, m3 = native._pad3(geom.in_sizes, 1), native._pad3(geom.out_sizes, 1)
+    st = [s // dx.itemsize for s in dx.strides[:-1]]
+    ostride = [st[0]] + [0] * (4 - len(st)) + st[1:]
+    prob = _DwDgrad(native._tensor(dy), None, (_I64 * 4)(*ostride), geom.n,
+                    (_I64 * 3)(*l3), (_I64 * 3)(*m3), geom.c, (_I64 * 3)(*k3),
+                    (_I64 * 3)(*s3), (_I64 * 3)(*d3), (_I64 * 3)(*p3), wp.ctypes.data, 0)
+    pp = ctypes.addressof(prob)
+    lines = geom.n * prob.L[0] * prob.L[1]
+    threads = _threads(dy.nbytes + dx.nbytes)
+    table = _bound.task_table(lib, "cg_dw_dgrad_run",
+                              [(pp, lo, hi) for lo, hi in _pool.split(lines, 4 * threads)])
+    go = _bound.runner(lib, table, threads)
+    es = dx.itemsize
+    line = 64 if vl * es % 64 == 0 else 2 * vl * es
+    may_stream = (dx.nbytes >= _results.STREAM_MIN_BYTES
+                  and all(s % 64 == 0 for s in dx.strides[:-1])
+                  and (dx.shape[-1] * es) % max(64, line) == 0)
+    recycled, wview, c, address = _results.recycled, wp[:, :geom.c], geom.c, _bound.address
+
+    def run(w, dy):
+        dx = alloc()
+        wview[...] = w.reshape(ntap, c)
+        at = address(dx)
+        prob.dy.ptr, prob.dx = address(dy), at
+        prob.stream = may_stream and at % 64 == 0 and recycled(dx)
+        go()
+        return dx
+    run.keep = (prob, wp, table)
+    return _bound.guarded(run)
+
+
+def _bind_flat_wgrad(lib, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, shape):
+    """:func:`_flat_wgrad` bound (``_bound``): descriptor, phase tables, scratch size and
+    task table made once; a call patches x, dy and the (zeroed) result."""
+    H, W = native._pad3(geom.out_sizes, 1)[1:]
+    off, phases, widx = _flat_phase_table(geom, "wgrad")
+    sh, sw = native._pad3(geom.strides, 1)[1:]
+    es = x.itemsize
+    st, yst = [s // es for s in x.strides], [s // es for s in dy.strides]
+    prob = _Flat(None, None, st[0], st[-1], 0, 0, None, geom.n, geom.c, H, W, len(widx),
+                 off.ctypes.data, yst[0], yst[-1], sh, sw, phases.ctypes.data,
+                 widx.ctypes.data, native.DTYPE_CODES[x.dtype])
+    pp = ctypes.addressof(prob)
+    threads = _threads(x.nbytes + dy.nbytes)
+    need = int(lib.cg_flat_scratch(pp))
+    per = -(-max(need, 16) // 16) * 16 * 4          # (as _pool.thread_scratch cuts it)
+    go = _bound.runner(lib, _bound.task_table(
+        lib, "cg_flat_wgrad_run", [(pp, lo, hi) for lo, hi in _pool.split(geom.c, 4 * threads)]),
+        threads, per)
+    zeros, thread_scratch, address = _results.zeros, _pool.thread_scratch, _bound.address
+
+    def run(x, dy):
+        dw = zeros(shape, np.float32)
+        prob.src, prob.out, prob.w = address(x), address(dw), address(dy)
+        buf, (base, _) = thread_scratch("grouped-scratch", need, threads)
+        go(base)
+        del buf
+        return dw
+    run.keep = (prob, off, phases, widx)
+    return _bound.guarded(run)
+
+
+def _bind_depthwise_wgrad(lib, vl: int, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry,
+                          shape, threads: int):
+    """:func:`_depthwise_wgrad` bound (``_bound``): descriptor, chunks and task table
+    made once; a call patches x and dy (and the partials' address when it moved)."""
+    k3, s3, d3, p3 = (native._pad3(geom.kernel, 1), native._pad3(geom.strides, 1),
+                      native._pad3(geom.dilations, 1), native._pad3(geom.pads_begin, 0))
+    l3, m3 = native._pad3(geom.in_sizes, 1), native._pad3(geom.out_sizes, 1)
+    prob = _DwWgrad(native._tensor(x), native._tensor(dy), geom.n, (_I64 * 3)(*l3),
+                    (_I64 * 3)(*m3), geom.c, (_I64 * 3)(*k3), (_I64 * 3)(*s3),
+                    (_I64 * 3)(*d3), (_I64 * 3)(*p3))
+    pp = ctypes.addressof(prob)
+    ntap, LP, o = math.prod(geom.kernel), -(-geom.c // vl) * vl, geom.o
+    lines = geom.n * prob.M[0] * prob.M[1]
+    nchunks = _dw_wgrad_chunks(geom, ntap, LP)
+    cuts = _pool.split(lines, nchunks)
+    table = _bound.task_table(lib, "cg_dw_wgrad_run", [(pp, lo, hi, 0) for lo, hi in cuts])
+    row = ntap * LP * 4
+    offs = np.arange(len(cuts), dtype=np.int64) * row
+    go = _bound.runner(lib, table, threads)
+    zeros, address, parts_at = _results.zeros, _bound.address, [None]
+
+    def run(x, dy):
+        result = zeros(shape, np.float32)
+        parts = scratch("grouped-partials", (nchunks, ntap * LP), np.float32, zero=True)
+        at = address(parts)
+        if at != parts_at[0]:
+            table[:, 5] = offs + at
+            parts_at[0] = at
+        prob.x.ptr, prob.dy.ptr = address(x), address(dy)
+        go()
+        total = np.add.reduce(parts, axis=0).reshape(ntap, LP)
+        result.reshape(ntap, o)[...] = total[:, :o]
+        return result
+    run.keep = (prob,)
+    return _bound.guarded(run)
+
+
+def bind(op: str):
+    """The kernel's ``bind`` for ``op`` (``_bound``): the streaming depthwise data
+    gradient, the streaming and flat depthwise weight gradients bind; other paths
+    return None (they run unbound)."""
+    if op == "wgrad":
+        def bind_wgrad(x, dy, geom, out_dtype=None):
+            shape = (*geom.kernel, geom.c // geom.groups, geom.o)
+            if math.prod(shape) == 0 or x.size == 0 or dy.size == 0:
+                return None
+            eng = native.engine()
+            lib = _lib(eng)
+            if _streams_depthwise(geom, x, dy):
+                return _bind_depthwise_wgrad(lib, eng.vl, x, dy, geom, shape,
+                                             _threads(x.nbytes + dy.nbytes))
+            if _flat(geom, x, dy, op="wgrad"):
+                return _bind_flat_wgrad(lib, x, dy, geom, shape)
+            return None
+        return bind_wgrad
+    if op != "dgrad":
+        return None
+
+    def bind_dgrad(w, dy, geom, out_dtype=None):
+        dtype = out_dtype or np.float32
+        dx = native._alloc_like(dy, geom.n, geom.in_sizes, geom.c, dtype)
+        if dx.size == 0 or dy.size == 0 or w.size == 0:
+            return None
+        eng = native.engine()
+        lib = _lib(eng)
+        if not _streams_depthwise_dgrad(geom, dy, dx, int(lib.cg_dw_dgrad_terms())):
+            return None
+        alloc = native.allocator(dy, geom.n, geom.in_sizes, geom.c, dtype)
+        return _bind_depthwise_dgrad(lib, eng.vl, w, dy, dx, geom, alloc)
+    return bind_dgrad
 
 
 def _streams_dx(dx: np.ndarray, vl: int) -> bool:

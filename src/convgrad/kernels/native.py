@@ -626,12 +626,21 @@ def _nv_for(channels: int, vl: int) -> int:
 def _alloc_like(data: np.ndarray, n: int, sizes, channels: int, dtype=np.float32) -> np.ndarray:
     """A result (N, *sizes, channels) laid out in ``data``'s memory order: channels
     first in memory when ``data`` is (an NXC view of) an NCX array."""
+    return allocator(data, n, sizes, channels, dtype)()
+
+
+def allocator(data: np.ndarray, n: int, sizes, channels: int, dtype=np.float32):
+    """A function that returns a new :func:`_alloc_like` result each call (for bound
+    calls: it keeps no reference to ``data``)."""
     chan_first = data.ndim > 2 and data.shape[-1] > 1 and all(
         data.strides[-1] >= abs(s) for s, m in zip(data.strides[1:-1], data.shape[1:-1])
         if m > 1)
+    empty = _results.empty
     if chan_first:
-        return np.moveaxis(_results.empty((n, channels, *sizes), dtype), 1, -1)
-    return _results.empty((n, *sizes, channels), dtype)
+        shape, axes = (n, channels, *sizes), (0, *range(2, len(sizes) + 2), 1)
+        return lambda: empty(shape, dtype).transpose(axes)
+    shape = (n, *sizes, channels)
+    return lambda: empty(shape, dtype)
 
 
 def _weights_2d(w: np.ndarray) -> np.ndarray:

@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import settings
 from ..geometry import ConvGeometry
-from . import _pool, _results, native
+from . import _bound, _pool, _results, native
 from ._blas import scratch
 
 _I64 = ctypes.c_int64
@@ -532,6 +532,87 @@ def _run_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
         native.recompute_lines(kind, inp, w, out, geom, np.flatnonzero(bad))
     del prob
     return out
+
+
+def _bind_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
+               geom: ConvGeometry, alloc):
+    """:func:`_run_corr` bound (``_bound``) for float32 weights in the "tiles" regime
+    (weights transformed once per call into the shared U): descriptor, work ranges,
+    scratch sizes and task tables made once; a call patches the data, result and
+    scratch addresses.  None where it would do otherwise."""
+    if out.size == 0 or inp.size == 0 or w.size == 0 or w.dtype != np.float32:
+        return None
+    eng = native.engine()
+    lib = _lib(eng)
+    threads = native._threads(geom.flops)
+    m = tile_size(geom, kind)
+    plan = corr_plan(geom, kind, eng.vl, eng.mr_of_wino if hasattr(eng, "mr_of_wino") else
+                     _mr_of(eng), m, _budgets())
+    if plan.regime != "tiles" or not len(plan.items):
+        return None
+    if native._weights_2d(w).ctypes.data != w.ctypes.data:
+        return None                          # (weights copied to flatten their taps)
+    lines = out.shape[0] * math.prod(plan.lout[:2])
+    bad = np.zeros(lines, np.uint8)
+    u_floats = plan.u_floats
+    U = scratch("winograd-U", (u_floats,), np.float32, zero=False)
+    prob = _problem(plan, inp, w, out, U, bad)
+    pp = ctypes.addressof(prob)
+    nblk = int(plan.items[0, 5])
+    ub = u_floats // max(1, nblk)
+    wt = threads if U.nbytes > 2**20 else 1
+    wsplit = _pool.split(nblk, wt)
+    wtable = _bound.task_table(lib, "cg_wino_weights", [(pp, lo, hi, 0) for lo, hi in wsplit])
+    woffs = np.array([lo * ub * 4 for lo, _ in wsplit], np.int64)
+    weights = _bound.runner(lib, wtable, wt)
+    ranges = _pool.split(len(plan.items), 4 * threads)
+    need = max(int(lib.cg_wino_scratch(pp, lo, hi)) for lo, hi in ranges)
+    per = -(-max(need, 16) // 16) * 16 * 4          # (as _pool.thread_scratch cuts it)
+    compute = _bound.runner(lib, _bound.task_table(lib, "cg_wino_run",
+                                                   [(pp, lo, hi) for lo, hi in ranges]),
+                            threads, per)
+    thread_scratch, streams, address = _pool.thread_scratch, _streams_channels, _bound.address
+    u_at = [None]
+
+    def run(w, inp):
+        out = alloc()
+        U = scratch("winograd-U", (u_floats,), np.float32, zero=False)
+        at = address(U)
+        if at != u_at[0]:
+            prob.U, u_at[0] = at, at
+            wtable[:, 5] = woffs + at
+        prob.inp.t.ptr, prob.w, prob.out = address(inp), address(w), address(out)
+        prob.stream = streams(out)
+        weights()
+        buf, (base, _) = thread_scratch("native-pack", need, threads)
+        compute(base)
+        del buf
+        if bad.any():
+            native.recompute_lines(kind, inp, w, out, geom, np.flatnonzero(bad))
+            bad.fill(0)
+        return out
+    run.keep = (prob, bad, plan)
+    return _bound.guarded(run)
+
+
+def bind(op: str):
+    """The kernel's ``bind`` for ``op`` (``_bound``): forward and data gradients in the
+    "tiles" regime with float32 weights; None otherwise."""
+    if op not in ("fwd", "dgrad"):
+        return None
+
+    def bind_corr(a, b, geom, out_dtype=None):
+        dtype = out_dtype or np.float32
+        if op == "fwd":
+            inp, w, sizes, ch = a, b, geom.out_sizes, geom.o
+        else:
+            w, inp, sizes, ch = a, b, geom.in_sizes, geom.c
+        alloc = native.allocator(inp, geom.n, sizes, ch, dtype)
+        bound = _bind_corr(op, inp, w, alloc(), geom, alloc)
+        if bound is None or op == "dgrad":
+            return bound
+        return lambda x, w: bound(w, x)
+    return bind_corr
 
 
 # -- memory -----------------------------------------------------------------------------------

@@ -1,0 +1,202 @@
+"""Bound calls (kernels/_bound.py): from a runner's second call on, a kernel that binds
+runs its kept decisions on the new arrays.  They must give what the full path gives,
+bit for bit, for arrays anywhere in memory, from any thread, and never skip admission."""
+
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import convgrad
+from convgrad import kernels, memory, onednn, openvino
+from convgrad.memory import MemoryLimitError
+from convgrad.frontends import _plan
+from convgrad.kernels import _bound, native
+
+if native.available() is not None:
+    pytest.skip(f"native engine unavailable: {native.available()}", allow_module_level=True)
+
+pytestmark = pytest.mark.bound_calls
+ATTRS = dict(pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1])
+
+
+def _bound_runners():
+    """The bound calls of runners made since the chooser last forgot (this test's)."""
+    return [r._fast[1] for plan in _plan._PLANS.values() for r in plan._runners.values()
+            if r._fast[1] and r.generation == kernels.generation()]
+
+
+def _dense(rng, n, c, o, size, dtype=np.float32):
+    x = rng.standard_normal((n, size, size, c)).astype(dtype)
+    w = (rng.standard_normal((3, 3, c, o)) / 5).astype(dtype)
+    dy = rng.standard_normal((n, size, size, o)).astype(dtype)
+    return x, w, dy
+
+
+# (name, function of (rng, layout, dtype) -> (call, inputs maker)): each a path that binds
+def _dw_dgrad(rng, fmt, dtype, stride=1):
+    c, size = 48, 12
+    out = size // stride
+    w = rng.standard_normal((3, 3, 1, c)).astype(dtype)
+    def make():
+        dy = rng.standard_normal((2, out, out, c)).astype(dtype)
+        return (dy if fmt == "NXC" else np.ascontiguousarray(dy.transpose(0, 3, 1, 2))), w
+    shape = [2, size, size, c] if fmt == "NXC" else [2, c, size, size]
+    return (lambda dy, w: onednn.convolution_backward_data(
+        dy, w, shape, strides=[stride, stride], groups=c, data_format=fmt,
+        weights_format="XIO", pads_begin=[1, 1], pads_end=[1 - (stride - 1), 1 - (stride - 1)],
+        dilations=[1, 1])), make
+
+
+def _dw_wgrad(rng, fmt, dtype, stride=1):
+    c, size = 40, 14
+    out = size // stride
+    def make():
+        x = rng.standard_normal((2, size, size, c)).astype(dtype)
+        dy = rng.standard_normal((2, out, out, c)).astype(dtype)
+        if fmt == "NCX":
+            x, dy = (np.ascontiguousarray(a.transpose(0, 3, 1, 2)) for a in (x, dy))
+        return x, dy
+    return (lambda x, dy: onednn.convolution_backward_weights(
+        x, dy, [3, 3, 1, c], strides=[stride, stride], groups=c, data_format=fmt,
+        weights_format="XIO", pads_begin=[1, 1], pads_end=[1 - (stride - 1), 1 - (stride - 1)],
+        dilations=[1, 1])), make
+
+
+def _wino(rng, fmt, dtype, op="dgrad"):
+    x, w, dy = _dense(rng, 2, 32, 48, 12, np.float32)
+    w = w.astype(dtype)
+    def make():
+        a = rng.standard_normal((2, 12, 12, 48 if op == "dgrad" else 32)).astype(dtype)
+        if fmt == "NCX":
+            a = np.ascontiguousarray(a.transpose(0, 3, 1, 2))
+        return a, w
+    shape = [2, 12, 12, 32] if fmt == "NXC" else [2, 32, 12, 12]
+    if op == "dgrad":
+        return (lambda dy, w: onednn.convolution_backward_data(
+            dy, w, shape, strides=[1, 1], data_format=fmt, weights_format="XIO",
+            **ATTRS)), make
+    return (lambda x, w: onednn.convolution(x, w, strides=[1, 1], data_format=fmt,
+                                            weights_format="XIO", **ATTRS)), make
+
+
+CASES = {
+    "depthwise dgrad NXC": lambda rng: _dw_dgrad(rng, "NXC", np.float32),
+    "depthwise dgrad NXC bfloat16": lambda rng: _dw_dgrad(rng, "NXC", ml_dtypes.bfloat16),
+    "depthwise dgrad NXC stride 2": lambda rng: _dw_dgrad(rng, "NXC", np.float32, 2),
+    "depthwise wgrad NXC": lambda rng: _dw_wgrad(rng, "NXC", np.float32),
+    "depthwise wgrad NXC stride 2 float16": lambda rng: _dw_wgrad(rng, "NXC", np.float16, 2),
+    "flat depthwise wgrad NCX": lambda rng: _dw_wgrad(rng, "NCX", np.float32),
+    "flat depthwise wgrad NCX float16": lambda rng: _dw_wgrad(rng, "NCX", np.float16),
+    "winograd dgrad NXC": lambda rng: _wino(rng, "NXC", np.float32),
+    "winograd dgrad NCX": lambda rng: _wino(rng, "NCX", np.float32),
+    "winograd fwd NXC": lambda rng: _wino(rng, "NXC", np.float32, "fwd"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bound_calls_equal_the_full_path_on_new_arrays(rng, case):
+    call, make = CASES[case](rng)
+    inputs = [make() for _ in range(4)]
+    first = [np.array(call(*inputs[0]))]
+    assert not _bound_runners()                  # (a first call runs the full path)
+    got = [np.array(call(*a)) for a in inputs[1:]]
+    assert _bound_runners(), "the second call should have bound the kernel"
+    for a, g in zip(inputs[1:], got):
+        kernels.clear_choices()                  # a new runner: the full path again
+        want = call(*a)
+        assert g.dtype == want.dtype and g.shape == want.shape
+        np.testing.assert_array_equal(g, want)
+    # each result is its own inputs' (not a stale pointer's)
+    assert not np.array_equal(got[0], got[1]) and not np.array_equal(first[0], got[0])
+    # and right: against the reference kernel
+    with convgrad.config(algo="reference"):
+        ref = np.asarray(call(*inputs[-1]), np.float64)
+    scale = np.abs(ref).max()
+    tol = 1e-5 if got[-1].dtype == np.float32 else 1e-2
+    np.testing.assert_allclose(np.asarray(got[-1], np.float64), ref, atol=tol * scale)
+
+
+def test_a_bound_call_results_are_owned_and_writable(rng):
+    call, make = CASES["depthwise dgrad NXC"](rng)
+    a = make()
+    call(*a)
+    out = call(*a)
+    assert _bound_runners()
+    assert out.flags.c_contiguous and out.flags.writeable
+    before = out.copy()
+    again = call(*a)                           # a later result does not reuse out's memory
+    np.testing.assert_array_equal(out, before)
+    assert not np.shares_memory(out, again)
+
+
+def test_bound_calls_from_many_threads_give_the_same_results(rng):
+    call, make = CASES["winograd dgrad NXC"](rng)
+    inputs = [make() for _ in range(6)]
+    want = [np.array(call(*a)) for a in inputs]         # (binds on the second)
+    assert _bound_runners()
+    errors, results = [], {}
+
+    def work(k):
+        try:
+            for rep in range(8):
+                i = (k + rep) % len(inputs)
+                results[k, rep] = (i, np.array(call(*inputs[i])))
+        except Exception as e:                         # pragma: no cover
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for i, r in results.values():
+        np.testing.assert_array_equal(r, want[i])
+
+
+def test_a_busy_bound_call_sends_the_caller_to_the_full_path():
+    seen = []
+
+    def body(a, b):
+        seen.append(gate(a, b))      # entered again while running, as by a second thread
+        return a + b
+    gate = _bound.guarded(body)
+    assert gate(1, 2) == 3
+    assert seen == [None]            # the second caller was told to take the full path
+    assert gate(2, 2) == 4 and seen == [None, None]
+
+
+def test_bound_calls_still_admit_large_calls(rng, monkeypatch):
+    call, make = CASES["depthwise dgrad NXC"](rng)
+    a = make()
+    call(*a)
+    call(*a)
+    assert _bound_runners()
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1024)
+    monkeypatch.setattr(memory, "refresh_available", lambda: None)
+    with pytest.raises(MemoryLimitError):
+        call(*a)
+
+
+def test_openvino_grouped_filters_bind_through_their_reshape(rng):
+    # GroupConvolutionBackpropData's [G, C_IN, C_OUT, Y, X] filter is a reshape of the
+    # canonical weights: the bound call makes the same view of each new filter
+    c = 32
+    data = [rng.standard_normal((2, c, 10, 10)).astype(np.float32) for _ in range(3)]
+    filters = [rng.standard_normal((c, 1, 1, 3, 3)).astype(np.float32) for _ in range(3)]
+    def call(d, f):
+        return openvino.group_convolution_backprop_data(
+            d, f, strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1])
+    got = [np.array(call(d, f)) for d, f in zip(data, filters)]
+    kernels.clear_choices()
+    for d, f, g in zip(data[1:], filters[1:], got[1:]):
+        kernels.clear_choices()
+        np.testing.assert_array_equal(g, call(d, f))
+
+
+def test_the_data_address_is_numpys(rng):
+    base = rng.standard_normal((6, 7, 8)).astype(np.float32)
+    for a in (base, base[1:], base[:, ::2], base.T, base[2, 3], np.empty(0, np.float16),
+              base.astype(ml_dtypes.bfloat16)):
+        assert _bound.address(a) == a.ctypes.data
