@@ -81,7 +81,42 @@ def _wino(rng, fmt, dtype, op="dgrad"):
                                             weights_format="XIO", **ATTRS)), make
 
 
+def _dense_stride2(rng, fmt, dtype, op, n=2, c=32, o=48, size=12):
+    """The native engine's corr and wgrad kernels (stride 2: never Winograd)."""
+    out = size // 2
+    w = (rng.standard_normal((3, 3, c, o)) / 5).astype(dtype)
+    kw = dict(strides=[2, 2], pads_begin=[1, 1], pads_end=[0, 0], dilations=[1, 1],
+              data_format=fmt, weights_format="XIO")
+
+    def nchw(a):
+        return a if fmt == "NXC" else np.ascontiguousarray(a.transpose(0, 3, 1, 2))
+    xshape = [n, size, size, c] if fmt == "NXC" else [n, c, size, size]
+    if op == "dgrad":
+        return (lambda dy, w: onednn.convolution_backward_data(dy, w, xshape, **kw),
+                lambda: (nchw(rng.standard_normal((n, out, out, o)).astype(dtype)), w))
+    if op == "fwd":
+        return (lambda x, w: onednn.convolution(x, w, **kw),
+                lambda: (nchw(rng.standard_normal((n, size, size, c)).astype(dtype)), w))
+    return (lambda x, dy: onednn.convolution_backward_weights(x, dy, [3, 3, c, o], **kw),
+            lambda: (nchw(rng.standard_normal((n, size, size, c)).astype(dtype)),
+                     nchw(rng.standard_normal((n, out, out, o)).astype(dtype))))
+
+
 CASES = {
+    "native dgrad NXC": lambda rng: _dense_stride2(rng, "NXC", np.float32, "dgrad"),
+    "native dgrad NCX float16": lambda rng: _dense_stride2(rng, "NCX", np.float16, "dgrad"),
+    "native fwd NXC bfloat16": lambda rng: _dense_stride2(rng, "NXC", ml_dtypes.bfloat16,
+                                                          "fwd"),
+    # partial gradients summed (few outputs, many positions)
+    "native wgrad NXC partials": lambda rng: _dense_stride2(rng, "NXC", np.float32, "wgrad"),
+    # each task its block of the result (many outputs)
+    "native wgrad NXC split outputs": lambda rng: _dense_stride2(
+        rng, "NXC", np.float32, "wgrad", n=1, c=256, o=256, size=8),
+    # channels-first inputs small beside the result: float32 channels-last copies first
+    "native wgrad NCX stationary copies": lambda rng: _dense_stride2(
+        rng, "NCX", np.float32, "wgrad", n=1, c=256, o=256, size=8),
+    "native wgrad NXC float16 copies": lambda rng: _dense_stride2(
+        rng, "NXC", np.float16, "wgrad", n=1, c=64, o=64, size=8),
     "depthwise dgrad NXC": lambda rng: _dw_dgrad(rng, "NXC", np.float32),
     "depthwise dgrad NXC bfloat16": lambda rng: _dw_dgrad(rng, "NXC", ml_dtypes.bfloat16),
     "depthwise dgrad NXC stride 2": lambda rng: _dw_dgrad(rng, "NXC", np.float32, 2),
@@ -103,6 +138,11 @@ def test_bound_calls_equal_the_full_path_on_new_arrays(rng, case):
     assert not _bound_runners()                  # (a first call runs the full path)
     got = [np.array(call(*a)) for a in inputs[1:]]
     assert _bound_runners(), "the second call should have bound the kernel"
+    bound = _bound_runners()[0].bound
+    if "partials" in case or "split outputs" in case:
+        assert bound.partials == ("partials" in case)
+    if "copies" in case:
+        assert bound.copied == (True, True)
     for a, g in zip(inputs[1:], got):
         kernels.clear_choices()                  # a new runner: the full path again
         want = call(*a)

@@ -327,7 +327,8 @@ def _register_builtin() -> None:
     native.warn_if_unavailable()
     for op in OPS:
         register(Kernel("native", op, getattr(native, op), native.supports, priority=40,
-                        layout="nxc", converts=True, half_io=True, memory=native.memory))
+                        layout="nxc", converts=True, half_io=True, memory=native.memory,
+                        bind=native.bind(op)))
         register(Kernel("winograd", op, getattr(winograd, op), winograd.supports,
                         priority=35, layout="nxc", converts=True, half_io=True,
                         memory=winograd.memory, bind=winograd.bind(op)))

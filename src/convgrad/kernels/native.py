@@ -43,7 +43,7 @@ import numpy as np
 from .. import settings
 from ..errors import ConvGradError
 from ..geometry import ConvGeometry
-from . import _pool, _results
+from . import _bound, _pool, _results
 from ._blas import cpu_count, scratch
 
 ISAS = ("avx512", "avx2", "generic")
@@ -1136,6 +1136,110 @@ def _corr_into(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray, geom:
     return out
 
 
+def _bound_weights(eng: Engine, w3: np.ndarray, A: int, B: int, sa: int, sb: int,
+                   gstride: int, groups: int, nv: int, threads: int):
+    """:func:`_weights` bound (``_bound``): ``(pack(w) -> (panels, address), steps)``,
+    the packing's descriptor and task table made once."""
+    T = w3.shape[0]
+    blocks, *steps = _panel_steps(groups, T, A, B, nv * eng.vl)
+    floats = blocks * steps[1]
+    d = _i64([0, DTYPE_CODES[w3.dtype], T, A, B, w3.strides[0] // w3.itemsize, sa, sb,
+              gstride, nv, 0])
+    n = threads if floats * 4 > 2**20 else 1
+    cuts = _pool.split(blocks, 4 * n) if n > 1 else [(0, blocks)]
+    go = _bound.runner(eng.lib, _bound.task_table(
+        eng.lib, "cg_pack_panels_task", [(d.ctypes.data, lo, hi) for lo, hi in cuts]), n)
+    address = _bound.address
+
+    def pack(w):
+        panels = scratch("native-panels", (floats,), np.float32, zero=False)
+        at = address(panels)
+        d[0], d[10] = address(w), at
+        go()
+        return panels, at
+    pack.keep = d
+    return pack, steps
+
+
+def _bind_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
+               geom: ConvGeometry, alloc):
+    """:func:`_corr_into` bound (``_bound``) where it runs the corr kernel on the
+    caller's arrays as they are (no channels-first 1x1 path, no stationary copy):
+    plan, weight packing, descriptor and task table made once; a call packs the new
+    weights and patches the data, result, panel and scratch addresses."""
+    eng = engine()
+    lib = eng.lib
+    if out.size == 0 or inp.size == 0 or w.size == 0:
+        return None
+    threads = _threads(geom.flops)
+    if (_channels_first_pointwise(geom, inp, out) is not None
+            or _stationary_input(inp, geom, kind, eng.vl) is not inp):
+        return None
+    address = _bound.address
+    inp_f, out_f = inp, out
+    if not (_is_packed(inp) or _is_packed(out)) and geom.in_sizes[-1] < CORR_FLAT_BELOW:
+        geom, (inp_f, out_f) = _pointwise(geom, inp, out)
+        if address(inp_f) != address(inp) or address(out_f) != address(out):
+            return None
+    plan = corr_plan(geom, kind, eng.vl, eng.rmax_of, threads, _is_packed(inp_f),
+                     _is_packed(out_f), _budgets(threads))
+    w3 = _weights_2d(w)
+    if not len(plan.items) or address(w3) != address(w):
+        return None
+    G, cg, og = geom.groups, geom.c // geom.groups, geom.o // geom.groups
+    es = w3.itemsize
+    rows, cols = (cg, og) if kind == "fwd" else (og, cg)
+    srow, scol = (w3.strides[1] // es, w3.strides[2] // es)[::1 if kind == "fwd" else -1]
+    pack, steps = _bound_weights(eng, w3, rows, cols, srow, scol,
+                                 og * (w3.strides[2] // es), G, plan.nv, threads)
+    prob = _corr_problem(plan, inp_f, out_f, 0, steps, False)
+    pp = ctypes.addressof(prob)
+    n_items = len(plan.items)
+    need = int(lib.cg_corr_scratch(pp, 0, n_items))
+    counter = np.zeros(1, np.int64)
+    n = max(1, min(threads, n_items))
+    per = -(-max(need, 16) // 16) * 16 * 4          # (as _pool.thread_scratch cuts it)
+    corr = _bound.runner(lib, _bound.task_table(
+        lib, "cg_corr_run_shared", [(pp, counter.ctypes.data, n_items)] * n), n, per)
+    streams, thread_scratch = _results.streams, _pool.thread_scratch
+
+    def run(w, inp):
+        out = alloc()
+        panels, at = pack(w)
+        prob.inp.ptr, prob.out, prob.wpk = address(inp), address(out), at
+        prob.stream = streams(out)
+        counter[0] = 0
+        buf, (base, _) = thread_scratch("native-pack", need, n)
+        corr(base)
+        del buf, panels
+        return out
+    run.keep = (prob, counter, plan)
+    return _bound.guarded(run)
+
+
+def bind(op: str):
+    """The kernel's ``bind`` for ``op`` (``_bound``): the corr kernel's forward and data
+    gradients on the caller's arrays, the wgrad kernel's weight gradients; None where
+    another path runs."""
+    if op == "wgrad":
+        return lambda x, dy, geom, out_dtype=None: _bind_wgrad(x, dy, geom)
+    if op not in ("fwd", "dgrad"):
+        return None
+
+    def bind_corr(a, b, geom, out_dtype=None):
+        dtype = out_dtype or np.float32
+        if op == "fwd":
+            inp, w, sizes, ch = a, b, geom.out_sizes, geom.o
+        else:
+            w, inp, sizes, ch = a, b, geom.in_sizes, geom.c
+        alloc = allocator(inp, geom.n, sizes, ch, dtype)
+        bound = _bind_corr(op, inp, w, alloc(), geom, alloc)
+        if bound is None or op == "dgrad":
+            return bound
+        return lambda x, w: bound(w, x)
+    return bind_corr
+
+
 @dataclass(frozen=True)
 class WgradPlan:
     nv: int
@@ -1346,7 +1450,7 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     budgets = _budgets(threads)
     plan = wgrad_plan(geom, eng.vl, eng.mr_of, (budgets[2], WGRAD_MIN_CHUNK, WGRAD_MAX_CHUNK,
                                                 WGRAD_CHUNKS, budgets[3]))
-    nitems, nblocks = len(plan.items), plan.nblocks
+    nitems = len(plan.items)
     k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
                       _pad3(geom.pads_begin, 0))
     l3, m3 = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)
@@ -1356,27 +1460,12 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
                   plan.items.ctypes.data)
     pp = ctypes.addressof(prob)
 
-    ntap = math.prod(geom.kernel)
-    # split outputs: each task reads (and converts, for NCX or 16-bit callers) every
-    # position, so fewer tasks when that costs a conversion
-    nsplit = threads if (_is_packed(x) or _is_packed(dy)) else 2 * threads
-    # (every task zeroes the part of dw, or the partial, it adds into)
-    if plan.split_outputs and WGRAD_GRID_TASKS and not (_is_packed(x) or _is_packed(dy)):
-        tasks = [(0, nitems, b0, b1, t0, t1, dw.ctypes.data)
-                 for t0, t1, b0, b1 in _wgrad_grid(k3[2], ntap, nblocks, threads)]
-    elif plan.split_outputs and ntap >= nsplit:
-        # whole taps per task: every x panel is packed by one task only
-        tasks = [(0, nitems, 0, nblocks, lo, hi, dw.ctypes.data)
-                 for lo, hi in _pool.split(ntap, nsplit)]
-    elif plan.split_outputs:
-        tasks = [(0, nitems, lo, hi, 0, ntap, dw.ctypes.data)
-                 for lo, hi in _pool.split(nblocks, nsplit)]
-    elif plan.chunks == 1:
-        tasks = [(0, nitems, 0, nblocks, 0, ntap, dw.ctypes.data)]
+    tasks = _wgrad_tasks(plan, geom, x, dy, threads)
+    if plan.split_outputs or plan.chunks == 1:
+        tasks = [(*t, dw.ctypes.data) for t in tasks]
     else:
         parts = scratch("native-partials", (plan.chunks, dw.size), np.float32, zero=False)
-        tasks = [(lo, hi, 0, nblocks, 0, ntap, parts[i].ctypes.data)
-                 for i, (lo, hi) in enumerate(_pool.split(nitems, plan.chunks))]
+        tasks = [(*t, parts[i].ctypes.data) for i, t in enumerate(tasks)]
     tasks_a = _i64(tasks)
     need = int(eng.lib.cg_wgrad_scratch(pp, 0, nitems))
     _shared(eng, "cg_wgrad_run_shared", (pp,), (len(tasks), tasks_a.ctypes.data), len(tasks),
@@ -1385,3 +1474,114 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
         _sum_parts(eng, parts, result, threads)
     del prob
     return result
+
+
+def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
+    """:func:`wgrad` bound (``_bound``) where it runs the wgrad kernel (not the
+    channels-first or 1x1 paths): plan, descriptor, tasks and the partials' sum made
+    once; a call makes the inputs' stationary copies where :func:`wgrad` makes them and
+    patches the data, result, partials and scratch addresses."""
+    eng = engine()
+    lib = eng.lib
+    G, cg = geom.groups, geom.c // geom.groups
+    shape = (*geom.kernel, cg, geom.o)
+    if math.prod(shape) == 0 or x.size == 0 or dy.size == 0:
+        return None
+    threads = _threads(geom.flops)
+    if (CF_WGRAD and G == 1 and _channels_first(x) and _channels_first(dy)
+            and not (_plain_pointwise(geom) and POINTWISE_KERNEL) and _cf_wgrad_fits(geom)):
+        return None
+    geom0 = geom
+    xs, dys = (_stationary_input(a, geom, "wgrad", eng.vl) for a in (x, dy))
+    copied = (xs is not x, dys is not dy)
+    if _channels_first_pointwise(geom, xs, dys) is not None:
+        return None
+    address = _bound.address
+    if not (_is_packed(xs) or _is_packed(dys)):
+        geom, (xf, dyf) = _pointwise(geom, xs, dys)
+        if address(xf) != address(xs) or address(dyf) != address(dys):
+            return None
+        xs, dys = xf, dyf
+    budgets = _budgets(threads)
+    plan = wgrad_plan(geom, eng.vl, eng.mr_of, (budgets[2], WGRAD_MIN_CHUNK, WGRAD_MAX_CHUNK,
+                                                WGRAD_CHUNKS, budgets[3]))
+    nitems = len(plan.items)
+    k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
+                      _pad3(geom.pads_begin, 0))
+    l3, m3 = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)
+    prob = _Wgrad(_tensor(xs), _tensor(dys), geom.n, (_I64 * 3)(*l3), geom.c, (_I64 * 3)(*m3),
+                  geom.o, G, (_I64 * 3)(*k3), (_I64 * 3)(*s3), (_I64 * 3)(*d3), (_I64 * 3)(*p3),
+                  plan.nv, plan.chunk, WGRAD_LINE_MIN, int(WGRAD_DIRECT_X),
+                  plan.items.ctypes.data)
+    pp = ctypes.addressof(prob)
+    tasks = _i64([(*t, 0) for t in _wgrad_tasks(plan, geom, xs, dys, threads)]).reshape(-1, 7)
+    size = math.prod(shape)
+    partials = not (plan.split_outputs or plan.chunks == 1)
+    offs = np.arange(len(tasks), dtype=np.int64) * (4 * size) if partials else 0
+    need = int(lib.cg_wgrad_scratch(pp, 0, nitems))
+    counter = np.zeros(1, np.int64)
+    n = max(1, min(threads, len(tasks)))
+    per = -(-max(need, 16) // 16) * 16 * 4          # (as _pool.thread_scratch cuts it)
+    kernel = _bound.runner(lib, _bound.task_table(
+        lib, "cg_wgrad_run_shared", [(pp, counter.ctypes.data, len(tasks), tasks.ctypes.data)]
+        * n), n, per)
+    if partials:
+        sums = _PartsSum(None, plan.chunks, size, None)
+        blocks = -(-size // SUM_BLOCK)
+        st = max(1, min(threads, blocks))
+        ranges = _pool.split(blocks, 4 * st) if st > 1 else [(0, blocks)]
+        add = _bound.runner(lib, _bound.task_table(
+            lib, "cg_sum_parts", [(ctypes.addressof(sums), lo * SUM_BLOCK,
+                                   min(size, hi * SUM_BLOCK)) for lo, hi in ranges]), st)
+    stationary, vl = _stationary_input, eng.vl
+    empty, thread_scratch = _results.empty, _pool.thread_scratch
+
+    def run(x, dy):
+        if copied[0]:
+            x = stationary(x, geom0, "wgrad", vl)
+        if copied[1]:
+            dy = stationary(dy, geom0, "wgrad", vl)
+        result = empty(shape, np.float32)
+        prob.x.ptr, prob.dy.ptr = address(x), address(dy)
+        counter[0] = 0
+        if partials:
+            parts = scratch("native-partials", (plan.chunks, size), np.float32, zero=False)
+            at = address(parts)
+            tasks[:, 6] = offs + at
+            sums.parts, sums.out = at, address(result)
+        else:
+            tasks[:, 6] = address(result)
+        buf, (base, _) = thread_scratch("native-pack", need, n)
+        kernel(base)
+        del buf
+        if partials:
+            add()
+        return result
+    run.keep = (prob, tasks, counter, plan) + ((sums,) if partials else ())
+    bound = _bound.guarded(run)
+    bound.partials, bound.copied = partials, copied        # (what the tests look at)
+    return bound
+
+
+def _wgrad_tasks(plan: WgradPlan, geom: ConvGeometry, x: np.ndarray, dy: np.ndarray,
+                 threads: int) -> list[tuple]:
+    """The tasks of :func:`wgrad`'s kernel (items lo, hi, output blocks b0, b1, taps t0,
+    t1; the address each adds into is the caller's: dw, or partial i with
+    ``plan.chunks`` partials)."""
+    nitems, nblocks, ntap = len(plan.items), plan.nblocks, math.prod(geom.kernel)
+    kw = geom.kernel[-1]
+    # split outputs: each task reads (and converts, for NCX or 16-bit callers) every
+    # position, so fewer tasks when that costs a conversion
+    nsplit = threads if (_is_packed(x) or _is_packed(dy)) else 2 * threads
+    # (every task zeroes the part of dw, or the partial, it adds into)
+    if plan.split_outputs and WGRAD_GRID_TASKS and not (_is_packed(x) or _is_packed(dy)):
+        return [(0, nitems, b0, b1, t0, t1)
+                for t0, t1, b0, b1 in _wgrad_grid(kw, ntap, nblocks, threads)]
+    if plan.split_outputs and ntap >= nsplit:
+        # whole taps per task: every x panel is packed by one task only
+        return [(0, nitems, 0, nblocks, lo, hi) for lo, hi in _pool.split(ntap, nsplit)]
+    if plan.split_outputs:
+        return [(0, nitems, lo, hi, 0, ntap) for lo, hi in _pool.split(nblocks, nsplit)]
+    if plan.chunks == 1:
+        return [(0, nitems, 0, nblocks, 0, ntap)]
+    return [(lo, hi, 0, nblocks, 0, ntap) for lo, hi in _pool.split(nitems, plan.chunks)]
