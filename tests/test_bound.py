@@ -67,6 +67,20 @@ def _dw_wgrad(rng, fmt, dtype, stride=1):
 def _wino(rng, fmt, dtype, op="dgrad"):
     x, w, dy = _dense(rng, 2, 32, 48, 12, np.float32)
     w = w.astype(dtype)
+    if op == "wgrad":
+        # (the chooser takes Winograd from about this size)
+        n, c, o, size = 4, 64, 64, 14
+
+        def make_w():
+            x = rng.standard_normal((n, size, size, c)).astype(dtype)
+            dy = rng.standard_normal((n, size, size, o)).astype(dtype)
+            if fmt == "NCX":
+                x, dy = (np.ascontiguousarray(a.transpose(0, 3, 1, 2)) for a in (x, dy))
+            return x, dy
+        return (lambda x, dy: onednn.convolution_backward_weights(
+            x, dy, [3, 3, c, o], strides=[1, 1], data_format=fmt, weights_format="XIO",
+            **ATTRS)), make_w
+
     def make():
         a = rng.standard_normal((2, 12, 12, 48 if op == "dgrad" else 32)).astype(dtype)
         if fmt == "NCX":
@@ -127,6 +141,8 @@ CASES = {
     "winograd dgrad NXC": lambda rng: _wino(rng, "NXC", np.float32),
     "winograd dgrad NCX": lambda rng: _wino(rng, "NCX", np.float32),
     "winograd fwd NXC": lambda rng: _wino(rng, "NXC", np.float32, "fwd"),
+    "winograd wgrad NXC": lambda rng: _wino(rng, "NXC", np.float32, "wgrad"),
+    "winograd wgrad NCX": lambda rng: _wino(rng, "NCX", np.float32, "wgrad"),
 }
 
 
@@ -139,6 +155,11 @@ def test_bound_calls_equal_the_full_path_on_new_arrays(rng, case):
     got = [np.array(call(*a)) for a in inputs[1:]]
     assert _bound_runners(), "the second call should have bound the kernel"
     bound = _bound_runners()[0].bound
+    names = {r.prepared.kernel.name for plan in _plan._PLANS.values()
+             for r in plan._runners.values() if r._fast[1]
+             and r.generation == kernels.generation()}
+    assert names == {"winograd" if case.startswith("winograd") else
+                     "native" if case.startswith("native") else "grouped"}
     if "partials" in case or "split outputs" in case:
         assert bound.partials == ("partials" in case)
     if "copies" in case:
@@ -240,3 +261,35 @@ def test_the_data_address_is_numpys(rng):
     for a in (base, base[1:], base[:, ::2], base.T, base[2, 3], np.empty(0, np.float16),
               base.astype(ml_dtypes.bfloat16)):
         assert _bound.address(a) == a.ctypes.data
+
+
+def test_winograd_transforming_its_input_per_group_of_tiles_binds(rng, monkeypatch):
+    # transformed weights too large for the shared budget: the "weights" regime, whose
+    # work runs group of tiles by group of tiles, each with its transformed input
+    from convgrad.kernels import winograd
+    monkeypatch.setattr(winograd, "SHARED_U_BYTES", 4096)
+    call, make = CASES["winograd dgrad NXC"](rng)
+    inputs = [make() for _ in range(3)]
+    got = [np.array(call(*a)) for a in inputs]
+    bound = _bound_runners()[0].bound
+    assert bound.regime == "weights"
+    for a, g in zip(inputs[1:], got[1:]):
+        kernels.clear_choices()
+        np.testing.assert_array_equal(g, call(*a))
+
+
+@pytest.mark.parametrize("case", ["winograd wgrad NXC", "winograd dgrad NXC",
+                                  "native wgrad NXC partials"])
+def test_bound_calls_hand_nan_and_inf_on_as_the_full_path(rng, case):
+    call, make = CASES[case](rng)
+    inputs = [make() for _ in range(2)]
+    call(*inputs[0])
+    for a in inputs:
+        a[1][0, 1, 2, 3] = np.nan
+        a[1][1, 2, 1, 0] = np.inf
+    with np.errstate(invalid="ignore"):
+        got = np.array(call(*inputs[1]))
+        assert _bound_runners()
+        kernels.clear_choices()
+        np.testing.assert_array_equal(got, call(*inputs[1]))
+    assert np.isnan(got).any() and np.isfinite(got).any()
