@@ -1014,10 +1014,107 @@ def _bind_depthwise_wgrad(lib, vl: int, x: np.ndarray, dy: np.ndarray, geom: Con
     return _bound.guarded(run)
 
 
+def _bind_corr(op: str, src: np.ndarray, w: np.ndarray, out: np.ndarray,
+               geom: ConvGeometry, alloc):
+    """:func:`_run_corr` bound (``_bound``): plan, descriptor, weight buffer (its gather
+    indices) and task table made once; a call gathers the new weights into the buffer
+    and patches the source and result addresses."""
+    eng = native.engine()
+    lib = _lib(eng)
+    threads = _threads(src.nbytes + out.nbytes)
+    pl = _plan_for(geom, op, src, threads)
+    weights = _corr_weights(pl, w, geom, op, eng.vl)       # (its padding lanes stay 0)
+    cg, og = geom.c // geom.groups, geom.o // geom.groups
+    e = np.asarray(pl.entries)[:, None, None]
+    if op == "fwd":
+        index = (e, np.arange(cg)[None, :, None], np.arange(geom.o)[None, None, :])
+        view = weights[:, :, :geom.o]
+    else:
+        c = np.arange(geom.c)
+        index = (e, (c % cg)[None, None, :],
+                 ((c // cg) * og)[None, None, :] + np.arange(og)[None, :, None])
+        view = weights[:, :, :geom.c]
+    prob = _tables(pl, src, None, out, weights)
+    pp = ctypes.addressof(prob)
+    need = int(lib.cg_grouped_scratch(pp, 0))
+    per = -(-max(need, 16) // 16) * 16 * 4          # (as _pool.thread_scratch cuts it)
+    cuts = _pool.split(pl.items, 4 * threads)
+    go = _bound.runner(lib, _bound.task_table(
+        lib, "cg_grouped_corr_run", [(pp, lo, hi) for lo, hi in cuts]), threads, per)
+    address, thread_scratch, weights_2d = _bound.address, _pool.thread_scratch, native._weights_2d
+
+    def run(w, src):
+        out = alloc()
+        view[...] = weights_2d(w)[index]
+        prob.src.ptr, prob.out = address(src), address(out)
+        prob.stream = _streams_lines(out)
+        buf, (base, _) = thread_scratch("grouped-scratch", need, threads)
+        go(base)
+        del buf
+        return out
+    run.keep = (prob, weights, pl)
+    return _bound.guarded(run)
+
+
+def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, shape):
+    """The grouped kernel's weight gradient (the end of :func:`wgrad`) bound
+    (``_bound``): plan, descriptor, chunks and task table made once; a call patches x,
+    dy and the partials' address, and adds the partials in order as :func:`wgrad` does."""
+    eng = native.engine()
+    lib = _lib(eng)
+    threads = _threads(x.nbytes + dy.nbytes)
+    cg = geom.c // geom.groups
+    pl = _plan_for(geom, "wgrad", x, threads)
+    LP = pl.nlv * eng.vl
+    part_floats = len(pl.entries) * pl.J * LP
+    nchunks = max(1, min(pl.items, WGRAD_CHUNKS,
+                         _budget_partials() // max(1, 4 * part_floats)))
+    prob = _tables(pl, x, dy, None, None)
+    pp = ctypes.addressof(prob)
+    need = int(lib.cg_grouped_scratch(pp, 1))
+    per = -(-max(need, 16) // 16) * 16 * 4          # (as _pool.thread_scratch cuts it)
+    cuts = _pool.split(pl.items, nchunks)
+    table = _bound.task_table(lib, "cg_grouped_wgrad_run", [(pp, lo, hi, 0) for lo, hi in cuts])
+    offs = np.arange(len(cuts), dtype=np.int64) * (4 * part_floats)
+    go = _bound.runner(lib, table, threads, per)
+    order = np.empty(len(pl.entries), np.int64)
+    order[pl.entries] = np.arange(len(pl.entries))
+    E, J, o = len(pl.entries), pl.J, geom.o
+    address, thread_scratch, zeros = _bound.address, _pool.thread_scratch, _results.zeros
+    parts_at = [None]
+
+    def run(x, dy):
+        result = zeros(shape, np.float32)
+        parts = scratch("grouped-partials", (nchunks, part_floats), np.float32, zero=True)
+        at = address(parts)
+        if at != parts_at[0]:
+            table[:, 5] = offs + at
+            parts_at[0] = at
+        prob.src.ptr, prob.dy.ptr = address(x), address(dy)
+        buf, (base, _) = thread_scratch("grouped-scratch", need, threads)
+        go(base)
+        del buf
+        total = np.add.reduce(parts, axis=0).reshape(E, J, LP)
+        result.reshape(-1, cg, o)[...] = total[order, :, :o]
+        return result
+    run.keep = (prob, pl)
+    return _bound.guarded(run)
+
+
 def bind(op: str):
     """The kernel's ``bind`` for ``op`` (``_bound``): the streaming depthwise data
-    gradient, the streaming and flat depthwise weight gradients bind; other paths
-    return None (they run unbound)."""
+    gradient, the streaming and flat depthwise weight gradients and the grouped kernel's
+    three ops bind; the flat and planar depthwise data / forward paths return None
+    (they run unbound)."""
+    if op == "fwd":
+        def bind_fwd(x, w, geom, out_dtype=None):
+            alloc = native.allocator(x, geom.n, geom.out_sizes, geom.o, out_dtype or np.float32)
+            y = alloc()
+            if y.size == 0 or x.size == 0 or w.size == 0 or _flat(geom, x, y):
+                return None
+            bound = _bind_corr("fwd", x, w, y, geom, alloc)
+            return lambda x, w: bound(w, x)
+        return bind_fwd
     if op == "wgrad":
         def bind_wgrad(x, dy, geom, out_dtype=None):
             shape = (*geom.kernel, geom.c // geom.groups, geom.o)
@@ -1030,7 +1127,9 @@ def bind(op: str):
                                              _threads(x.nbytes + dy.nbytes))
             if _flat(geom, x, dy, op="wgrad"):
                 return _bind_flat_wgrad(lib, x, dy, geom, shape)
-            return None
+            if _planar(geom, "wgrad", x, dy):
+                return None
+            return _bind_wgrad(x, dy, geom, shape)
         return bind_wgrad
     if op != "dgrad":
         return None
@@ -1042,10 +1141,12 @@ def bind(op: str):
             return None
         eng = native.engine()
         lib = _lib(eng)
-        if not _streams_depthwise_dgrad(geom, dy, dx, int(lib.cg_dw_dgrad_terms())):
-            return None
         alloc = native.allocator(dy, geom.n, geom.in_sizes, geom.c, dtype)
-        return _bind_depthwise_dgrad(lib, eng.vl, w, dy, dx, geom, alloc)
+        if _streams_depthwise_dgrad(geom, dy, dx, int(lib.cg_dw_dgrad_terms())):
+            return _bind_depthwise_dgrad(lib, eng.vl, w, dy, dx, geom, alloc)
+        if _flat(geom, dy, dx, op="dgrad") or _planar(geom, "dgrad", dy, dx):
+            return None
+        return _bind_corr("dgrad", dy, w, dx, geom, alloc)
     return bind_dgrad
 
 
