@@ -137,6 +137,24 @@ def _grouped(rng, fmt, dtype, op, groups=8, cg=4, og=4, size=10):
                      nchw(rng.standard_normal((2, size, size, o)).astype(dtype))))
 
 
+def _one_line(rng, c=32, o=48, size=40):
+    """A 1-D channels-first weight gradient of one sample: one line, one sum (cg_cfw_run)."""
+    kw = dict(strides=[2], pads_begin=[1], pads_end=[0], dilations=[1], data_format="NCX",
+              weights_format="OIX")
+    return (lambda x, dy: onednn.convolution_backward_weights(x, dy, [o, c, 3], **kw),
+            lambda: (rng.standard_normal((1, c, size)).astype(np.float32),
+                     rng.standard_normal((1, o, size // 2)).astype(np.float32)))
+
+
+def _pointwise(rng, n=2, c=48, o=80, size=9):
+    """A 1x1 channels-first weight gradient (cg_pw_run)."""
+    kw = dict(strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], dilations=[1, 1],
+              data_format="NCX", weights_format="OIX")
+    return (lambda x, dy: onednn.convolution_backward_weights(x, dy, [o, c, 1, 1], **kw),
+            lambda: (rng.standard_normal((n, c, size, size)).astype(np.float32),
+                     rng.standard_normal((n, o, size, size)).astype(np.float32)))
+
+
 CASES = {
     "grouped dgrad NXC": lambda rng: _grouped(rng, "NXC", np.float32, "dgrad"),
     "grouped dgrad NCX float16": lambda rng: _grouped(rng, "NCX", np.float16, "dgrad"),
@@ -157,6 +175,10 @@ CASES = {
         rng, "NCX", np.float32, "wgrad", n=1, c=256, o=256, size=8),
     "native wgrad NXC float16 copies": lambda rng: _dense_stride2(
         rng, "NXC", np.float16, "wgrad", n=1, c=64, o=64, size=8),
+    # float32 channels-first: x read in place (cg_cfw_run), partial sums or not
+    "native wgrad NCX in place": lambda rng: _dense_stride2(rng, "NCX", np.float32, "wgrad"),
+    "native wgrad NCX in place one sum": lambda rng: _one_line(rng),
+    "native wgrad NCX 1x1": lambda rng: _pointwise(rng),
     "depthwise dgrad NXC": lambda rng: _dw_dgrad(rng, "NXC", np.float32),
     "depthwise dgrad NXC bfloat16": lambda rng: _dw_dgrad(rng, "NXC", ml_dtypes.bfloat16),
     "depthwise dgrad NXC stride 2": lambda rng: _dw_dgrad(rng, "NXC", np.float32, 2),
@@ -190,6 +212,8 @@ def test_bound_calls_equal_the_full_path_on_new_arrays(rng, case):
         assert bound.partials == ("partials" in case)
     if "copies" in case:
         assert bound.copied == (True, True)
+    if "in place" in case:
+        assert bound.sums == (1 if "one sum" in case else 8)
     for a, g in zip(inputs[1:], got):
         kernels.clear_choices()                  # a new runner: the full path again
         want = call(*a)

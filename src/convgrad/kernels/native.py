@@ -1476,6 +1476,139 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     return result
 
 
+def _bind_sum_parts(lib, size: int, chunks: int, threads: int):
+    """:func:`_sum_parts` of ``chunks`` partials of ``size`` floats bound: ``add(parts
+    address, out address)``."""
+    sums = _PartsSum(None, chunks, size, None)
+    blocks = -(-size // SUM_BLOCK)
+    st = max(1, min(threads, blocks))
+    ranges = _pool.split(blocks, 4 * st) if st > 1 else [(0, blocks)]
+    go = _bound.runner(lib, _bound.task_table(
+        lib, "cg_sum_parts", [(ctypes.addressof(sums), lo * SUM_BLOCK,
+                               min(size, hi * SUM_BLOCK)) for lo, hi in ranges]), st)
+
+    def add(parts_at: int, out_at: int) -> None:
+        sums.parts, sums.out = parts_at, out_at
+        go()
+    add.keep = sums
+    return add
+
+
+def _bind_cf_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, shape):
+    """:func:`_cf_wgrad` bound (``_bound``): descriptor, task table and the partials' sum
+    made once; a call patches x, dy, the result and the partials' address."""
+    eng = engine()
+    lib = eng.lib
+    threads = _threads(geom.flops)
+    r = geom.spatial_rank
+    k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
+                      _pad3(geom.pads_begin, 0))
+    l3, m3 = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)
+
+    def strides4(a):
+        st = [v // 4 for v in a.strides]
+        return (st[0], st[-1], *([0] * (3 - r) + st[1:r + 1])[:2])
+    nv = _nv_for(geom.o, eng.vl)
+    nob = -(-geom.o // (nv * eng.vl))
+    lines = geom.n * m3[0] * m3[1]
+    panel_lines = max(1, CFW_PANEL_FLOATS // (m3[2] * nob * nv * eng.vl))
+    chunks = _cf_wgrad_chunks(geom)
+    size = math.prod(shape)
+    cuts = [(0, lines)] if chunks == 1 else _pool.split(lines, chunks)
+    table = _i64([(lo, hi, 0, nob, 0) for lo, hi in cuts]).reshape(-1, 5)
+    offs = np.arange(len(cuts), dtype=np.int64) * (4 * size)
+    prob = _Cfw(None, None, (_I64 * 4)(*strides4(x)), (_I64 * 4)(*strides4(dy)), geom.n,
+                geom.c, geom.o, (_I64 * 3)(*l3), (_I64 * 3)(*m3), (_I64 * 3)(*k3),
+                (_I64 * 3)(*s3), (_I64 * 3)(*d3), (_I64 * 3)(*p3), nv, panel_lines,
+                table.ctypes.data)
+    pp = ctypes.addressof(prob)
+    n = min(threads, len(cuts))
+    need = int(lib.cg_cfw_scratch(pp))
+    per = -(-max(need, 16) // 16) * 16 * 4          # (as _pool.thread_scratch cuts it)
+    go = _bound.runner(lib, _bound.task_table(lib, "cg_cfw_run",
+                                              [(pp, k) for k in range(len(cuts))]), n, per)
+    add = _bind_sum_parts(lib, size, chunks, threads) if chunks > 1 else None
+    empty, address, thread_scratch = _results.empty, _bound.address, _pool.thread_scratch
+
+    def run(x, dy):
+        dw = empty(shape, np.float32)
+        at = address(dw)
+        prob.x, prob.dy = address(x), address(dy)
+        if add is not None:
+            parts = scratch("native-partials", (chunks, size), np.float32, zero=False)
+            table[:, 4] = offs + address(parts)
+        else:
+            table[:, 4] = at
+        buf, (base, _) = thread_scratch("native-pack", need, n)
+        go(base)
+        del buf
+        if add is not None:
+            add(address(parts), at)
+        return dw
+    run.keep = (prob, table)
+    bound = _bound.guarded(run)
+    bound.sums = chunks                                # (what the tests look at)
+    return bound
+
+
+def _bind_pointwise_wgrad(x3: np.ndarray, dy3: np.ndarray, geom: ConvGeometry, shape):
+    """:func:`_pointwise_wgrad` (on the (N, P, C) / (N, P, O) views of channels-first
+    memory) bound (``_bound``): descriptor, position ranges and one task table per round
+    made once; a call patches x, dy and the partials' address and adds the partials in
+    the same order."""
+    eng = engine()
+    lib = eng.lib
+    threads = _threads(geom.flops)
+    n, p, c = x3.shape
+    o = dy3.shape[2]
+    b_is_x = c <= o
+    a3, b3 = (dy3, x3) if b_is_x else (x3, dy3)
+    A, B = a3.shape[2], b3.shape[2]
+    nb = int(lib.cg_pw_nb())
+    bpad = -(-B // nb) * nb
+    prob = _Pw(None, None, a3.strides[0] // 4, a3.strides[2] // 4, b3.strides[0] // 4,
+               b3.strides[2] // 4, A, B, bpad, None)
+    kc = int(lib.cg_pw_chunk(ctypes.addressof(prob)))
+    chunks = -(-p // kc)
+    q = max(1, min(-(-POINTWISE_PARTS // n), chunks // 2))
+    tasks = [(s, min(p, kc * (chunks * i // q)), min(p, kc * (chunks * (i + 1) // q)))
+             for s in range(n) for i in range(q)]
+    slots = min(len(tasks), _pointwise_parts(geom, threads)[0])
+    table = _i64([(*t, 0) for t in tasks]).reshape(-1, 4)
+    offs = np.array([(j % slots) * A * bpad * 4 for j in range(len(tasks))], np.int64)
+    prob.tasks = table.ctypes.data
+    pp = ctypes.addressof(prob)
+    need = int(lib.cg_pw_scratch(pp))
+    per = -(-max(need, 16) // 16) * 16 * 4          # (as _pool.thread_scratch cuts it)
+    nthreads = min(threads, slots)
+    rounds = []
+    for r0 in range(0, len(tasks), slots):
+        m = min(slots, len(tasks) - r0)
+        rounds.append((m, _bound.runner(lib, _bound.task_table(
+            lib, "cg_pw_run", [(pp, r0 + j) for j in range(m)]), min(threads, m), per)))
+    address, thread_scratch, parts_at = _bound.address, _pool.thread_scratch, [None]
+
+    def run(x, dy):
+        a, b = (dy, x) if b_is_x else (x, dy)
+        prob.a, prob.b = address(a), address(b)
+        parts = scratch("native-pw-parts", (slots, A, bpad), np.float32, zero=False)
+        at = address(parts)
+        if at != parts_at[0]:
+            table[:, 3] = offs + at
+            parts_at[0] = at
+        acc = np.zeros((A, bpad), np.float32)
+        buf, (base, _) = thread_scratch("native-pack", need, nthreads)
+        for m, go in rounds:
+            go(base)
+            with np.errstate(invalid="ignore", over="ignore"):     # (Inf - Inf: NaN, D17)
+                for j in range(m):
+                    acc += parts[j]
+        del buf
+        return (acc[:, :B].T if b_is_x else acc[:, :B]).reshape(shape)
+    run.keep = (prob, table)
+    return _bound.guarded(run)
+
+
 def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
     """:func:`wgrad` bound (``_bound``) where it runs the wgrad kernel (not the
     channels-first or 1x1 paths): plan, descriptor, tasks and the partials' sum made
@@ -1490,11 +1623,15 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
     threads = _threads(geom.flops)
     if (CF_WGRAD and G == 1 and _channels_first(x) and _channels_first(dy)
             and not (_plain_pointwise(geom) and POINTWISE_KERNEL) and _cf_wgrad_fits(geom)):
-        return None
+        return _bind_cf_wgrad(x, dy, geom, shape)
     geom0 = geom
     xs, dys = (_stationary_input(a, geom, "wgrad", eng.vl) for a in (x, dy))
     copied = (xs is not x, dys is not dy)
-    if _channels_first_pointwise(geom, xs, dys) is not None:
+    cf = _channels_first_pointwise(geom, xs, dys)
+    if cf is not None:
+        if xs.dtype == dys.dtype == np.float32 and POINTWISE_KERNEL and not any(copied):
+            return _bind_pointwise_wgrad(cf[0].swapaxes(1, 2), cf[1].swapaxes(1, 2), geom,
+                                         shape)
         return None
     address = _bound.address
     if not (_is_packed(xs) or _is_packed(dys)):
@@ -1525,14 +1662,7 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
     kernel = _bound.runner(lib, _bound.task_table(
         lib, "cg_wgrad_run_shared", [(pp, counter.ctypes.data, len(tasks), tasks.ctypes.data)]
         * n), n, per)
-    if partials:
-        sums = _PartsSum(None, plan.chunks, size, None)
-        blocks = -(-size // SUM_BLOCK)
-        st = max(1, min(threads, blocks))
-        ranges = _pool.split(blocks, 4 * st) if st > 1 else [(0, blocks)]
-        add = _bound.runner(lib, _bound.task_table(
-            lib, "cg_sum_parts", [(ctypes.addressof(sums), lo * SUM_BLOCK,
-                                   min(size, hi * SUM_BLOCK)) for lo, hi in ranges]), st)
+    add = _bind_sum_parts(lib, size, plan.chunks, threads) if partials else None
     stationary, vl = _stationary_input, eng.vl
     empty, thread_scratch = _results.empty, _pool.thread_scratch
 
@@ -1548,16 +1678,15 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
             parts = scratch("native-partials", (plan.chunks, size), np.float32, zero=False)
             at = address(parts)
             tasks[:, 6] = offs + at
-            sums.parts, sums.out = at, address(result)
         else:
             tasks[:, 6] = address(result)
         buf, (base, _) = thread_scratch("native-pack", need, n)
         kernel(base)
         del buf
         if partials:
-            add()
+            add(at, address(result))
         return result
-    run.keep = (prob, tasks, counter, plan) + ((sums,) if partials else ())
+    run.keep = (prob, tasks, counter, plan)
     bound = _bound.guarded(run)
     bound.partials, bound.copied = partials, copied        # (what the tests look at)
     return bound
