@@ -188,6 +188,8 @@ CASES = {
     "flat depthwise wgrad NCX float16": lambda rng: _dw_wgrad(rng, "NCX", np.float16),
     "winograd dgrad NXC": lambda rng: _wino(rng, "NXC", np.float32),
     "winograd dgrad NCX": lambda rng: _wino(rng, "NCX", np.float32),
+    "winograd dgrad NXC float16": lambda rng: _wino(rng, "NXC", np.float16),
+    "winograd dgrad NCX bfloat16": lambda rng: _wino(rng, "NCX", ml_dtypes.bfloat16),
     "winograd fwd NXC": lambda rng: _wino(rng, "NXC", np.float32, "fwd"),
     "winograd wgrad NXC": lambda rng: _wino(rng, "NXC", np.float32, "wgrad"),
     "winograd wgrad NCX": lambda rng: _wino(rng, "NCX", np.float32, "wgrad"),

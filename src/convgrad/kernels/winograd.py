@@ -536,12 +536,16 @@ def _run_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
 
 def _bind_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
                geom: ConvGeometry, alloc):
-    """:func:`_run_corr` bound (``_bound``) for float32 weights, in either regime:
+    """:func:`_run_corr` bound (``_bound``), in either regime (16-bit weights converted
+    to float32 each call, as there):
     descriptor, work ranges, scratch sizes and task tables made once; a call patches the
     data, result and scratch addresses (transformed weights U, or each group's
     transformed input V).  None where it would do otherwise."""
-    if out.size == 0 or inp.size == 0 or w.size == 0 or w.dtype != np.float32:
+    if out.size == 0 or inp.size == 0 or w.size == 0:
         return None
+    convert = w.dtype != np.float32           # (16-bit weights: a float32 copy each call)
+    w = _float32_weights(w)
+    wstrides = w.strides
     eng = native.engine()
     lib = _lib(eng)
     threads = native._threads(geom.flops)
@@ -597,6 +601,10 @@ def _bind_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
 
     def run(w, inp):
         out = alloc()
+        if convert:
+            w = _float32_weights(w)
+            if w.strides != wstrides:
+                return None                    # (not the memory order bound: full path)
         prob.inp.t.ptr, prob.w, prob.out = address(inp), address(w), address(out)
         prob.stream = streams(out)
         if tiles:
@@ -632,8 +640,7 @@ def _bind_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
 
 
 def bind(op: str):
-    """The kernel's ``bind`` for ``op`` (``_bound``): forward and data gradients with
-    float32 weights, weight gradients; None otherwise."""
+    """The kernel's ``bind`` for ``op`` (``_bound``): its three ops."""
     if op == "wgrad":
         return lambda x, dy, geom, out_dtype=None: _bind_wgrad(x, dy, geom)
     if op not in ("fwd", "dgrad"):
