@@ -1,7 +1,6 @@
 """What a repeated call reuses (plans by the call as spelled, the chooser's decisions by
-call and settings, call descriptions by shapes, strides and dtypes, depthwise problem
-descriptors by geometry and strides) never changes what a call validates, chooses or
-computes."""
+call and settings, call descriptions by shapes, strides and dtypes, a kernel's decisions
+in bound calls) never changes what a call validates, chooses or computes."""
 
 import numpy as np
 import pytest

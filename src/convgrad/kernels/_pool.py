@@ -145,6 +145,12 @@ def thread_scratch(key: str, floats: int, threads: int):
     (the buffer, to keep while the section runs; its ``scratch`` argument)."""
     import numpy as np
     from ._blas import scratch
-    per = -(-max(floats, 16) // 16) * 16
+    per = scratch_bytes(floats) // 4
     buf = scratch(key, (threads * per,), np.float32, zero=False)
     return buf, (address(buf), per * 4)
+
+
+def scratch_bytes(floats: int) -> int:
+    """Bytes of one thread's part of :func:`thread_scratch` for ``floats`` floats (at
+    least 16, a multiple of 16: each part 64-byte aligned)."""
+    return -(-max(floats, 16) // 16) * 64

@@ -22,11 +22,9 @@ on the kernels' threads, and sums weight-gradient partials in a fixed order.
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import functools
 import math
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -566,65 +564,20 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> 
 def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32,
     partial sums over a fixed cut of the positions added in order."""
-    cg = geom.c // geom.groups
-    result = _results.zeros((*geom.kernel, cg, geom.o), np.float32)
-    if result.size == 0 or x.size == 0 or dy.size == 0:
-        return result
+    shape = (*geom.kernel, geom.c // geom.groups, geom.o)
+    if math.prod(shape) == 0 or x.size == 0 or dy.size == 0:
+        return _results.zeros(shape, np.float32)
     eng = native.engine()
     lib = _lib(eng)
     threads = _threads(x.nbytes + dy.nbytes)
     if _streams_depthwise(geom, x, dy):
-        return _depthwise_wgrad(lib, eng.vl, x, dy, geom, result, threads)
+        return _depthwise_wgrad(lib, eng.vl, x, dy, geom, shape, threads)
     if _flat(geom, x, dy, op="wgrad"):
-        return _flat_wgrad(lib, x, dy, result, geom)
+        return _flat_wgrad(lib, x, dy, geom, shape)
     if _planar(geom, "wgrad", x, dy):
-        return _planar_run(lib, "wgrad", x, dy, None, result, geom, threads)
-    pl = _plan_for(geom, "wgrad", x, threads)
-    LP = pl.nlv * eng.vl
-    part_floats = len(pl.entries) * pl.J * LP
-    nchunks = max(1, min(pl.items, WGRAD_CHUNKS,
-                         _budget_partials() // max(1, 4 * part_floats)))
-    prob = _tables(pl, x, dy, None, None)
-    pp = ctypes.addressof(prob)
-    need = int(lib.cg_grouped_scratch(pp, 1))
-    parts = scratch("grouped-partials", (nchunks, part_floats), np.float32, zero=True)
-
-    buf, per_thread = _pool.thread_scratch("grouped-scratch", need, threads)
-    at, row = parts.ctypes.data, parts.strides[0]
-    _pool.run_native(lib, "cg_grouped_wgrad_run",
-                     [(pp, lo, hi, at + k * row)
-                      for k, (lo, hi) in enumerate(_pool.split(pl.items, nchunks))],
-                     threads, per_thread)
-    del buf
-    total = np.add.reduce(parts, axis=0).reshape(len(pl.entries), pl.J, LP)
-    order = np.empty(len(pl.entries), np.int64)
-    order[pl.entries] = np.arange(len(pl.entries))
-    result.reshape(-1, cg, geom.o)[...] = total[order, :, :geom.o]
-    del prob
-    return result
-
-
-# Problem descriptors of recent depthwise calls without their data pointers, by
-# geometry, dtype and strides: building one from the geometry took ~40 us of a ~2 ms
-# MobileNetV2 call.  Each call gets its own copy (calls may run at once).
-_DESCRIBED: "collections.OrderedDict[tuple, ctypes.Structure]" = collections.OrderedDict()
-_DESCRIBED_MAX = 64
-_DESCRIBED_LOCK = threading.Lock()
-
-
-def _described(key: tuple, build) -> ctypes.Structure:
-    """A fresh copy of the descriptor ``build()`` makes for ``key`` (cached)."""
-    with _DESCRIBED_LOCK:
-        found = _DESCRIBED.get(key)
-        if found is not None:
-            _DESCRIBED.move_to_end(key)
-    if found is None:
-        found = build()
-        with _DESCRIBED_LOCK:
-            _DESCRIBED[key] = found
-            while len(_DESCRIBED) > _DESCRIBED_MAX:
-                _DESCRIBED.popitem(last=False)
-    return type(found).from_buffer_copy(found)
+        return _planar_run(lib, "wgrad", x, dy, None, _results.zeros(shape, np.float32), geom,
+                           threads)
+    return _bind_wgrad(x, dy, geom, shape)(x, dy)
 
 
 def _streams_depthwise(geom: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> bool:
@@ -636,32 +589,12 @@ def _streams_depthwise(geom: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> boo
 
 
 def _depthwise_wgrad(lib, vl: int, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry,
-                     result: np.ndarray, threads: int) -> np.ndarray:
+                     shape, threads: int) -> np.ndarray:
     """The streaming depthwise weight gradient (grouped.cpp: cg_dw_wgrad_run): dy lines
     cut into a fixed number of chunks, one partial [tap][lane] each, summed in chunk
-    order (the result does not depend on the threads)."""
-    def build():
-        k3, s3, d3, p3 = (native._pad3(geom.kernel, 1), native._pad3(geom.strides, 1),
-                          native._pad3(geom.dilations, 1), native._pad3(geom.pads_begin, 0))
-        l3, m3 = native._pad3(geom.in_sizes, 1), native._pad3(geom.out_sizes, 1)
-        return _DwWgrad(native._tensor(x), native._tensor(dy), geom.n, (_I64 * 3)(*l3),
-                        (_I64 * 3)(*m3), geom.c, (_I64 * 3)(*k3), (_I64 * 3)(*s3),
-                        (_I64 * 3)(*d3), (_I64 * 3)(*p3))
-    prob = _described(("wgrad", geom, x.dtype, x.strides, dy.strides), build)
-    prob.x.ptr, prob.dy.ptr = x.ctypes.data, dy.ctypes.data
-    pp = ctypes.addressof(prob)
-    ntap, LP = math.prod(geom.kernel), -(-geom.c // vl) * vl
-    lines = geom.n * prob.M[0] * prob.M[1]
-    nchunks = _dw_wgrad_chunks(geom, ntap, LP)
-    parts = scratch("grouped-partials", (nchunks, ntap * LP), np.float32, zero=True)
-    at, row = parts.ctypes.data, parts.strides[0]
-    _pool.run_native(lib, "cg_dw_wgrad_run",
-                     [(pp, lo, hi, at + k * row)
-                      for k, (lo, hi) in enumerate(_pool.split(lines, nchunks))], threads)
-    total = np.add.reduce(parts, axis=0).reshape(ntap, LP)
-    result.reshape(ntap, geom.o)[...] = total[:, :geom.o]
-    del prob
-    return result
+    order (the result does not depend on the threads); one call of its bound form
+    (:func:`_bind_depthwise_wgrad`)."""
+    return _bind_depthwise_wgrad(lib, vl, x, dy, geom, shape, threads)(x, dy)
 
 
 # planar depthwise kernels: channels-first operands whose rows are at least this wide
@@ -820,29 +753,13 @@ def _flat_phase_table(geom: ConvGeometry, op: str) -> tuple:
     return table
 
 
-def _flat_wgrad(lib, x: np.ndarray, dy: np.ndarray, dw: np.ndarray, geom: ConvGeometry
-                ) -> np.ndarray:
-    """The flat-plane depthwise weight gradient (cg_flat_wgrad_run) into ``dw`` (*K, 1, C)
+def _flat_wgrad(lib, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, shape) -> np.ndarray:
+    """The flat-plane depthwise weight gradient (cg_flat_wgrad_run), dw (*K, 1, C)
     float32: ranges of channels, each channel's sum over the samples in a fixed order by
     one thread.  At stride s each x plane is cut into its s x s phase planes (the size
-    of dy's), and every tap reads one of them at a shift."""
-    H, W = native._pad3(geom.out_sizes, 1)[1:]        # dy's planes (x's: s times them)
-    off, phases, widx = _flat_phase_table(geom, "wgrad")
-    sh, sw = native._pad3(geom.strides, 1)[1:]
-    es = x.itemsize
-    st, yst = [s // es for s in x.strides], [s // es for s in dy.strides]
-    prob = _Flat(x.ctypes.data, dw.ctypes.data, st[0], st[-1], 0, 0, dy.ctypes.data, geom.n,
-                 geom.c, H, W, len(widx), off.ctypes.data, yst[0], yst[-1], sh, sw,
-                 phases.ctypes.data, widx.ctypes.data, native.DTYPE_CODES[x.dtype])
-    pp = ctypes.addressof(prob)
-    threads = _threads(x.nbytes + dy.nbytes)
-    buf, per_thread = _pool.thread_scratch("grouped-scratch", int(lib.cg_flat_scratch(pp)),
-                                           threads)
-    _pool.run_native(lib, "cg_flat_wgrad_run",
-                     [(pp, lo, hi) for lo, hi in _pool.split(geom.c, 4 * threads)],
-                     threads, per_thread)
-    del prob, buf
-    return dw
+    of dy's), and every tap reads one of them at a shift.  One call of its bound form
+    (:func:`_bind_flat_wgrad`)."""
+    return _bind_flat_wgrad(lib, x, dy, geom, shape)(x, dy)
 
 
 def _phase_terms(geom: ConvGeometry) -> int:
@@ -879,31 +796,10 @@ def _dw_wgrad_chunks(geom: ConvGeometry, ntap: int, LP: int) -> int:
 
 def _depthwise_dgrad(lib, vl: int, w: np.ndarray, dy: np.ndarray, dx: np.ndarray,
                      geom: ConvGeometry) -> np.ndarray:
-    """The streaming depthwise data gradient (grouped.cpp: cg_dw_dgrad_run), dx lines
-    shared among the threads (each written by one)."""
-    ntap, LP = math.prod(geom.kernel), -(-geom.c // vl) * vl
-    wp = np.zeros((ntap, LP), np.float32)
-    wp[:, :geom.c] = w.reshape(ntap, geom.c)
-
-    def build():
-        k3, s3, d3, p3 = (native._pad3(geom.kernel, 1), native._pad3(geom.strides, 1),
-                          native._pad3(geom.dilations, 1), native._pad3(geom.pads_begin, 0))
-        l3, m3 = native._pad3(geom.in_sizes, 1), native._pad3(geom.out_sizes, 1)
-        st = [s // dx.itemsize for s in dx.strides[:-1]]
-        ostride = [st[0]] + [0] * (4 - len(st)) + st[1:]
-        return _DwDgrad(native._tensor(dy), None, (_I64 * 4)(*ostride), geom.n,
-                        (_I64 * 3)(*l3), (_I64 * 3)(*m3), geom.c, (_I64 * 3)(*k3),
-                        (_I64 * 3)(*s3), (_I64 * 3)(*d3), (_I64 * 3)(*p3), None, 0)
-    prob = _described(("dgrad", geom, dy.dtype, dy.strides, dx.strides), build)
-    prob.dy.ptr, prob.dx, prob.w = dy.ctypes.data, dx.ctypes.data, wp.ctypes.data
-    prob.stream = int(_streams_dx(dx, vl))
-    pp = ctypes.addressof(prob)
-    lines = geom.n * prob.L[0] * prob.L[1]
-    threads = _threads(dy.nbytes + dx.nbytes)
-    _pool.run_native(lib, "cg_dw_dgrad_run", [(pp, lo, hi) for lo, hi in
-                                              _pool.split(lines, 4 * threads)], threads)
-    del prob, wp
-    return dx
+    """The streaming depthwise data gradient (grouped.cpp: cg_dw_dgrad_run) into ``dx``,
+    dx lines shared among the threads (each written by one); one call of its bound form
+    (:func:`_bind_depthwise_dgrad`)."""
+    return _bind_depthwise_dgrad(lib, vl, w, dy, dx, geom, lambda: dx)(w, dy)
 
 
 def _bind_depthwise_dgrad(lib, vl: int, w: np.ndarray, dy: np.ndarray, dx: np.ndarray,
@@ -927,19 +823,13 @@ def _bind_depthwise_dgrad(lib, vl: int, w: np.ndarray, dy: np.ndarray, dx: np.nd
     table = _bound.task_table(lib, "cg_dw_dgrad_run",
                               [(pp, lo, hi) for lo, hi in _pool.split(lines, 4 * threads)])
     go = _bound.runner(lib, table, threads)
-    es = dx.itemsize
-    line = 64 if vl * es % 64 == 0 else 2 * vl * es
-    may_stream = (dx.nbytes >= _results.STREAM_MIN_BYTES
-                  and all(s % 64 == 0 for s in dx.strides[:-1])
-                  and (dx.shape[-1] * es) % max(64, line) == 0)
-    recycled, wview, c, address = _results.recycled, wp[:, :geom.c], geom.c, _bound.address
+    wview, c, address = wp[:, :geom.c], geom.c, _bound.address
 
     def run(w, dy):
         dx = alloc()
         wview[...] = w.reshape(ntap, c)
-        at = address(dx)
-        prob.dy.ptr, prob.dx = address(dy), at
-        prob.stream = may_stream and at % 64 == 0 and recycled(dx)
+        prob.dy.ptr, prob.dx = address(dy), address(dx)
+        prob.stream = _streams_dx(dx, vl)
         go()
         return dx
     run.keep = (prob, wp, table)
@@ -960,7 +850,7 @@ def _bind_flat_wgrad(lib, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, sha
     pp = ctypes.addressof(prob)
     threads = _threads(x.nbytes + dy.nbytes)
     need = int(lib.cg_flat_scratch(pp))
-    per = -(-max(need, 16) // 16) * 16 * 4          # (as _pool.thread_scratch cuts it)
+    per = _pool.scratch_bytes(need)
     go = _bound.runner(lib, _bound.task_table(
         lib, "cg_flat_wgrad_run", [(pp, lo, hi) for lo, hi in _pool.split(geom.c, 4 * threads)]),
         threads, per)
@@ -1037,7 +927,7 @@ def _bind_corr(op: str, src: np.ndarray, w: np.ndarray, out: np.ndarray,
     prob = _tables(pl, src, None, out, weights)
     pp = ctypes.addressof(prob)
     need = int(lib.cg_grouped_scratch(pp, 0))
-    per = -(-max(need, 16) // 16) * 16 * 4          # (as _pool.thread_scratch cuts it)
+    per = _pool.scratch_bytes(need)
     cuts = _pool.split(pl.items, 4 * threads)
     go = _bound.runner(lib, _bound.task_table(
         lib, "cg_grouped_corr_run", [(pp, lo, hi) for lo, hi in cuts]), threads, per)
@@ -1072,7 +962,7 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, shape):
     prob = _tables(pl, x, dy, None, None)
     pp = ctypes.addressof(prob)
     need = int(lib.cg_grouped_scratch(pp, 1))
-    per = -(-max(need, 16) // 16) * 16 * 4          # (as _pool.thread_scratch cuts it)
+    per = _pool.scratch_bytes(need)
     cuts = _pool.split(pl.items, nchunks)
     table = _bound.task_table(lib, "cg_grouped_wgrad_run", [(pp, lo, hi, 0) for lo, hi in cuts])
     offs = np.arange(len(cuts), dtype=np.int64) * (4 * part_floats)

@@ -1198,7 +1198,7 @@ def _bind_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
     need = int(lib.cg_corr_scratch(pp, 0, n_items))
     counter = np.zeros(1, np.int64)
     n = max(1, min(threads, n_items))
-    per = -(-max(need, 16) // 16) * 16 * 4          # (as _pool.thread_scratch cuts it)
+    per = _pool.scratch_bytes(need)
     corr = _bound.runner(lib, _bound.task_table(
         lib, "cg_corr_run_shared", [(pp, counter.ctypes.data, n_items)] * n), n, per)
     streams, thread_scratch = _results.streams, _pool.thread_scratch
@@ -1223,21 +1223,26 @@ def bind(op: str):
     another path runs."""
     if op == "wgrad":
         return lambda x, dy, geom, out_dtype=None: _bind_wgrad(x, dy, geom)
-    if op not in ("fwd", "dgrad"):
-        return None
+    return corr_binder(op, _bind_corr) if op in ("fwd", "dgrad") else None
 
-    def bind_corr(a, b, geom, out_dtype=None):
+
+def corr_binder(op: str, bind_corr):
+    """A kernel's ``bind`` for a forward (``op="fwd"``: a, b = x, w) or data gradient
+    (a, b = w, dy) from ``bind_corr(op, inp, w, out, geom, alloc)``, which binds the
+    correlation of ``inp`` into a sample result ``out`` made by ``alloc`` (and returns
+    ``run(w, inp)``, or None)."""
+    def bind_corr_op(a, b, geom, out_dtype=None):
         dtype = out_dtype or np.float32
         if op == "fwd":
             inp, w, sizes, ch = a, b, geom.out_sizes, geom.o
         else:
             w, inp, sizes, ch = a, b, geom.in_sizes, geom.c
         alloc = allocator(inp, geom.n, sizes, ch, dtype)
-        bound = _bind_corr(op, inp, w, alloc(), geom, alloc)
+        bound = bind_corr(op, inp, w, alloc(), geom, alloc)
         if bound is None or op == "dgrad":
             return bound
         return lambda x, w: bound(w, x)
-    return bind_corr
+    return bind_corr_op
 
 
 @dataclass(frozen=True)
@@ -1447,17 +1452,8 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
         geom, (x, dy) = _pointwise(geom, x, dy)
     result = _results.empty(shape, np.float32)
     dw = result.reshape(*geom.kernel, cg, geom.o)
-    budgets = _budgets(threads)
-    plan = wgrad_plan(geom, eng.vl, eng.mr_of, (budgets[2], WGRAD_MIN_CHUNK, WGRAD_MAX_CHUNK,
-                                                WGRAD_CHUNKS, budgets[3]))
+    plan, prob = _wgrad_problem(eng, x, dy, geom, threads)
     nitems = len(plan.items)
-    k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
-                      _pad3(geom.pads_begin, 0))
-    l3, m3 = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)
-    prob = _Wgrad(_tensor(x), _tensor(dy), geom.n, (_I64 * 3)(*l3), geom.c, (_I64 * 3)(*m3),
-                  geom.o, G, (_I64 * 3)(*k3), (_I64 * 3)(*s3), (_I64 * 3)(*d3), (_I64 * 3)(*p3),
-                  plan.nv, plan.chunk, WGRAD_LINE_MIN, int(WGRAD_DIRECT_X),
-                  plan.items.ctypes.data)
     pp = ctypes.addressof(prob)
 
     tasks = _wgrad_tasks(plan, geom, x, dy, threads)
@@ -1524,7 +1520,7 @@ def _bind_cf_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, shape):
     pp = ctypes.addressof(prob)
     n = min(threads, len(cuts))
     need = int(lib.cg_cfw_scratch(pp))
-    per = -(-max(need, 16) // 16) * 16 * 4          # (as _pool.thread_scratch cuts it)
+    per = _pool.scratch_bytes(need)
     go = _bound.runner(lib, _bound.task_table(lib, "cg_cfw_run",
                                               [(pp, k) for k in range(len(cuts))]), n, per)
     add = _bind_sum_parts(lib, size, chunks, threads) if chunks > 1 else None
@@ -1579,7 +1575,7 @@ def _bind_pointwise_wgrad(x3: np.ndarray, dy3: np.ndarray, geom: ConvGeometry, s
     prob.tasks = table.ctypes.data
     pp = ctypes.addressof(prob)
     need = int(lib.cg_pw_scratch(pp))
-    per = -(-max(need, 16) // 16) * 16 * 4          # (as _pool.thread_scratch cuts it)
+    per = _pool.scratch_bytes(need)
     nthreads = min(threads, slots)
     rounds = []
     for r0 in range(0, len(tasks), slots):
@@ -1639,17 +1635,8 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
         if address(xf) != address(xs) or address(dyf) != address(dys):
             return None
         xs, dys = xf, dyf
-    budgets = _budgets(threads)
-    plan = wgrad_plan(geom, eng.vl, eng.mr_of, (budgets[2], WGRAD_MIN_CHUNK, WGRAD_MAX_CHUNK,
-                                                WGRAD_CHUNKS, budgets[3]))
+    plan, prob = _wgrad_problem(eng, xs, dys, geom, threads)
     nitems = len(plan.items)
-    k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
-                      _pad3(geom.pads_begin, 0))
-    l3, m3 = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)
-    prob = _Wgrad(_tensor(xs), _tensor(dys), geom.n, (_I64 * 3)(*l3), geom.c, (_I64 * 3)(*m3),
-                  geom.o, G, (_I64 * 3)(*k3), (_I64 * 3)(*s3), (_I64 * 3)(*d3), (_I64 * 3)(*p3),
-                  plan.nv, plan.chunk, WGRAD_LINE_MIN, int(WGRAD_DIRECT_X),
-                  plan.items.ctypes.data)
     pp = ctypes.addressof(prob)
     tasks = _i64([(*t, 0) for t in _wgrad_tasks(plan, geom, xs, dys, threads)]).reshape(-1, 7)
     size = math.prod(shape)
@@ -1658,7 +1645,7 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
     need = int(lib.cg_wgrad_scratch(pp, 0, nitems))
     counter = np.zeros(1, np.int64)
     n = max(1, min(threads, len(tasks)))
-    per = -(-max(need, 16) // 16) * 16 * 4          # (as _pool.thread_scratch cuts it)
+    per = _pool.scratch_bytes(need)
     kernel = _bound.runner(lib, _bound.task_table(
         lib, "cg_wgrad_run_shared", [(pp, counter.ctypes.data, len(tasks), tasks.ctypes.data)]
         * n), n, per)
@@ -1690,6 +1677,23 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
     bound = _bound.guarded(run)
     bound.partials, bound.copied = partials, copied        # (what the tests look at)
     return bound
+
+
+def _wgrad_problem(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry,
+                   threads: int) -> tuple:
+    """The wgrad kernel's plan and descriptor of x and dy (the plan's items array is kept
+    alive by the plan, which the caller keeps)."""
+    budgets = _budgets(threads)
+    plan = wgrad_plan(geom, eng.vl, eng.mr_of, (budgets[2], WGRAD_MIN_CHUNK, WGRAD_MAX_CHUNK,
+                                                WGRAD_CHUNKS, budgets[3]))
+    k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
+                      _pad3(geom.pads_begin, 0))
+    l3, m3 = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)
+    prob = _Wgrad(_tensor(x), _tensor(dy), geom.n, (_I64 * 3)(*l3), geom.c, (_I64 * 3)(*m3),
+                  geom.o, geom.groups, (_I64 * 3)(*k3), (_I64 * 3)(*s3), (_I64 * 3)(*d3),
+                  (_I64 * 3)(*p3), plan.nv, plan.chunk, WGRAD_LINE_MIN, int(WGRAD_DIRECT_X),
+                  plan.items.ctypes.data)
+    return plan, prob
 
 
 def _wgrad_tasks(plan: WgradPlan, geom: ConvGeometry, x: np.ndarray, dy: np.ndarray,

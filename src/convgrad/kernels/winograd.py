@@ -569,7 +569,7 @@ def _bind_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
         """The runner of work items [first, first + count) and its scratch floats."""
         ranges = [(first + lo, first + hi) for lo, hi in _pool.split(count, 4 * threads)]
         need = max(int(lib.cg_wino_scratch(pp, lo, hi)) for lo, hi in ranges)
-        per = -(-max(need, 16) // 16) * 16 * 4      # (as _pool.thread_scratch cuts it)
+        per = _pool.scratch_bytes(need)
         return _bound.runner(lib, _bound.task_table(
             lib, "cg_wino_run", [(pp, lo, hi) for lo, hi in ranges]), threads, per), need
 
@@ -592,7 +592,7 @@ def _bind_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
             prob.vs0, prob.vs1, prob.vd0, prob.vd1 = s0, s1, d0, d1
             ranges = [(s0 + lo, s0 + hi) for lo, hi in _pool.split(s1 - s0, 4 * threads)]
             ineed = max(int(lib.cg_wino_input_scratch(pp, lo, hi)) for lo, hi in ranges)
-            iper = -(-max(ineed, 16) // 16) * 16 * 4
+            iper = _pool.scratch_bytes(ineed)
             itable = _bound.task_table(lib, "cg_wino_input",
                                        [(pp, lo, hi, 0) for lo, hi in ranges])
             compute, need = items(gi * per_group, per_group)
@@ -643,26 +643,13 @@ def bind(op: str):
     """The kernel's ``bind`` for ``op`` (``_bound``): its three ops."""
     if op == "wgrad":
         return lambda x, dy, geom, out_dtype=None: _bind_wgrad(x, dy, geom)
-    if op not in ("fwd", "dgrad"):
-        return None
-
-    def bind_corr(a, b, geom, out_dtype=None):
-        dtype = out_dtype or np.float32
-        if op == "fwd":
-            inp, w, sizes, ch = a, b, geom.out_sizes, geom.o
-        else:
-            w, inp, sizes, ch = a, b, geom.in_sizes, geom.c
-        alloc = native.allocator(inp, geom.n, sizes, ch, dtype)
-        bound = _bind_corr(op, inp, w, alloc(), geom, alloc)
-        if bound is None or op == "dgrad":
-            return bound
-        return lambda x, w: bound(w, x)
-    return bind_corr
+    return native.corr_binder(op, _bind_corr) if op in ("fwd", "dgrad") else None
 
 
 def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
-    """:func:`wgrad` bound (``_bound``): plan, descriptor and task tables made once; a
-    call patches x, dy, the result and the partial sums' address."""
+    """The Winograd weight gradient bound (``_bound``): plan, descriptor and task tables
+    made once; a call patches x, dy, the result (every element stored: the finish step
+    covers dw with its boxes) and the partial sums' address.  None for an empty one."""
     eng = native.engine()
     lib = _lib(eng)
     G, cg = geom.groups, geom.c // geom.groups
@@ -681,7 +668,12 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
     need = max(int(lib.cg_wino_wgrad_scratch(pp, t[0], t[1])) for t in plan.tasks)
     need += 0 if plan.parts else -(-plan.box_floats // 16) * 16
     n = min(threads, len(plan.tasks))
-    per = -(-max(need, 16) // 16) * 16 * 4          # (as _pool.thread_scratch cuts it)
+    per = _pool.scratch_bytes(need)
+    # the tasks run on the engine's workers (cg_wino_wgrad_task: zero the task's sums,
+    # add its items, store its box of dw), taken in order by whichever thread is free;
+    # on Python's pool threads they ran 2.3x slower after the benchmark's pause than
+    # back to back (ResNet-50 res2, 2 threads; the native workers keep off the
+    # caller's CPU, see pool.cpp)
     tasks = _bound.runner(lib, _bound.task_table(
         lib, "cg_wino_wgrad_task", [(pp, table.ctypes.data, k) for k in range(len(plan.tasks))]),
         n, per)
@@ -711,7 +703,9 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
         if plan.parts:
             finish()
         if not np.isfinite(dw).all():
-            return native.wgrad(x, dy, geom)       # (as wgrad: D17)
+            # a NaN or Inf mixed into every tap's sums by the transforms: the direct
+            # engine gives each tap only the products it has (D17)
+            return native.wgrad(x, dy, geom)
         return dw
     run.keep = (prob, table, plan) + ((fin,) if plan.parts else ())
     return _bound.guarded(run)
@@ -951,47 +945,9 @@ def _wgrad_budgets() -> tuple:
 
 
 def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
-    """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32."""
-    eng = native.engine()
-    lib = _lib(eng)
-    G, cg = geom.groups, geom.c // geom.groups
-    shape = (*geom.kernel, cg, geom.o)
-    if math.prod(shape) == 0 or x.size == 0 or dy.size == 0:
-        return _results.zeros(shape, np.float32)
-    # (cg_wino_wgrad_finish stores every element of every box, and the boxes cover dw)
-    dw = _results.empty(shape, np.float32)
-    threads = native._threads(geom.flops)
-    m = tile_size(geom, "wgrad")
-    plan = wgrad_plan(geom, eng.vl, m, _wgrad_budgets())
-    prob = _WinoWgrad(_source(x), _source(dy), G, _tile_geom(plan), plan.cpad, plan.nv,
-                      plan.items.ctypes.data)
-    pp = ctypes.addressof(prob)
-    # the tasks run on the engine's workers (cg_wino_wgrad_task: zero the task's sums,
-    # add its items, store its box of dw), taken in order by whichever thread is free;
-    # on Python's pool threads they ran 2.3x slower after the benchmark's pause than
-    # back to back (ResNet-50 res2, 2 threads; the native workers keep off the
-    # caller's CPU, see pool.cpp)
-    sums = (scratch("winograd-sums", (plan.parts, plan.box_floats), np.float32, zero=False)
-            if plan.parts else None)
-    table = native._i64([(t[0], t[1], *t[2:], sums[i].ctypes.data if plan.parts else 0,
-                          plan.box_floats, dw.ctypes.data)
-                         for i, t in enumerate(plan.tasks)])
-    need = max(int(lib.cg_wino_wgrad_scratch(pp, t[0], t[1])) for t in plan.tasks)
-    need += 0 if plan.parts else -(-plan.box_floats // 16) * 16
-    n = min(threads, len(plan.tasks))
-    buf, per_thread = _pool.thread_scratch("native-pack", need, n)
-    _pool.run_native(lib, "cg_wino_wgrad_task",
-                     [(pp, table.ctypes.data, k) for k in range(len(plan.tasks))], n,
-                     per_thread)
-    if plan.parts:
-        rows = G * plan.cpad
-        fin = native._i64([0, G, 0, plan.cpad, 0, plan.nob, sums.ctypes.data, plan.parts,
-                           plan.box_floats, dw.ctypes.data])
-        _pool.run_native_ranges(lib, "cg_wino_wgrad_finish_rows", (pp, fin.ctypes.data), rows,
-                                threads if rows >= 64 else 1)
-    del prob, buf, table
-    if not np.isfinite(dw).all():
-        # a NaN or Inf mixed into every tap's sums by the transforms: the direct engine
-        # gives each tap only the products it has (D17)
-        return native.wgrad(x, dy, geom)
-    return dw
+    """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32: one call
+    of its bound form (:func:`_bind_wgrad`)."""
+    bound = _bind_wgrad(x, dy, geom)
+    if bound is None:
+        return _results.zeros((*geom.kernel, geom.c // geom.groups, geom.o), np.float32)
+    return bound(x, dy)
