@@ -164,12 +164,12 @@ def test_every_work_decomposition_agrees(rng, monkeypatch):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("dtype,channels_last", [(np.float32, False), (np.float16, True)])
+@pytest.mark.parametrize("dtype,channels_last", [(np.float32, False), (np.float16, False)])
 def test_weight_gradient_items_convert_only_their_channels(isa, dtype, channels_last, rng,
                                                            monkeypatch):
     """Weight-gradient items of boxes that split the channels and the output blocks
-    convert only their own channels of x and dy lines (NCX or 16-bit callers; engine
-    debug bit 128: every channel): bit for bit the same, equal to the reference."""
+    convert only their own channels of x and dy lines (NCX callers, float32 or 16-bit;
+    engine debug bit 128: every channel): bit for bit the same, equal to the reference."""
     monkeypatch.setattr(winograd, "PARTIALS_BYTES", 0)
     monkeypatch.setattr(winograd, "WGRAD_BOX_BYTES", 2**13)
     case = geometry(2, n=2, c=40, o=72, size=(13, 10), d=(1, 2), pb=(1, 0), pe=(2, 1))
@@ -192,6 +192,35 @@ def test_weight_gradient_items_convert_only_their_channels(isa, dtype, channels_
             eng.lib.cg_engine_set_dbg(0)
     assert_close(got[0], want, dtype)
     np.testing.assert_array_equal(got[0], got[128])
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("r,c,size,d", [(1, 40, 37, 2), (2, 19, (11, 9), 1), (3, 24, (4, 6, 5), 2)],
+                         ids=["1d", "2d-tails", "3d"])
+def test_channels_last_16bit_lines_converted_in_the_loads(isa, dtype, r, c, size, d, rng):
+    """Channels-last float16 / bfloat16 lines are read in place, converted inside the
+    transforms' loads (AVX-512 / AVX2 builds; engine debug bit 4194304 converts them into
+    scratch first, as the portable build does): every op, both tile sizes, channel
+    counts with tails and tiles past the edges -- the same bits both ways, equal to the
+    reference."""
+    case = geometry(r, n=2, c=c, o=21, size=size, d=d, pb=2, pe=1)
+    x, w, dy = make_arrays(case, rng, dtype, True)
+    want = reference_results(case, x, w, dy)
+    got = {}
+    with convgrad.config(isa=isa):
+        lib = native.engine().lib
+        try:
+            for bit in (0, 4194304):
+                lib.cg_engine_set_dbg(bit)
+                got[bit] = [_winograd_with_tiles(m, case, x, w, dy) for m in (4, 2)]
+        finally:
+            lib.cg_engine_set_dbg(0)
+    for m in range(2):
+        for k in range(3):
+            assert got[0][m][k].dtype == np.dtype(dtype)
+            np.testing.assert_array_equal(got[0][m][k], got[4194304][m][k])
+            assert_close(got[0][m][k], want[k], dtype)
 
 
 def test_results_do_not_depend_on_the_thread_count(rng, monkeypatch):

@@ -28,6 +28,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -372,27 +373,52 @@ struct TileAt {
         : n(s / (T.nth * T.ntw)), th((s / T.ntw) % T.nth), tw(s % T.ntw) {}
 };
 
-// The lines of a source a block of tiles reads: in place (float32, unit channel stride),
-// or converted into scratch (sorted keys (n*L0 + d)*L1 + h; of each line, the pixels
-// [w0, w1) the tiles read, all channels).
+// 16-bit lines read in place, converted inside the transforms' loads (F16C / AVX2 shifts);
+// the portable build converts element by element, once, into scratch instead (a tile's
+// points would convert each pixel 2.25 times).  engine debug bit 4194304: convert into
+// scratch on every build.
+#if (defined(CG_ISA_AVX512) || defined(CG_ISA_AVX2)) && !defined(CG_EMULATE_VL16)
+constexpr bool IN_PLACE_16 = true;
+#else
+constexpr bool IN_PLACE_16 = false;
+#endif
+
+inline bool in_place(const Tensor& t) {
+    if (t.stride[4] != 1) return false;
+    return t.dtype == F32 || (IN_PLACE_16 && !(cg_engine_dbg & 4194304));
+}
+
+// The lines of a source a block of tiles reads: in place (unit channel stride: float32,
+// or 16-bit converted in the loads, dt), or converted into scratch (sorted keys
+// (n*L0 + d)*L1 + h; of each line, the pixels [w0, w1) the tiles read, all channels).
 struct Lines {
     const Source* S = nullptr;
     bool packed = false;
+    int64_t dt = F32;            // the element type of row()
     std::vector<int64_t> keys;
     int64_t w0 = 0, w1 = 0;
     int64_t c0 = 0, cn = 0;      // packed: the channels [c0, c0 + cn) only
     const float* buf = nullptr;
 
-    // line (n, d, h) at pixel 0, channel 0 (packed: the pixels before w0 and the
-    // channels outside [c0, c0 + cn) are not there)
-    const float* row(int64_t n, int64_t d, int64_t h) const {
-        if (!packed) return (const float*)at(S->t, n, d, h, 0, 0);
+    // line (n, d, h) at pixel 0, channel 0, as elements of type E (Elem<dt>::T; packed:
+    // the pixels before w0 and the channels outside [c0, c0 + cn) are not there)
+    template <class E = float>
+    const E* row(int64_t n, int64_t d, int64_t h) const {
+        if (!packed) return (const E*)at(S->t, n, d, h, 0, 0);
         const int64_t key = (n * S->L[0] + d) * S->L[1] + h;
         const auto it = std::lower_bound(keys.begin(), keys.end(), key);
-        return buf + ((it - keys.begin()) * (w1 - w0) - w0) * cn - c0;
+        return (const E*)(buf + ((it - keys.begin()) * (w1 - w0) - w0) * cn - c0);
     }
     int64_t pixel() const { return packed ? cn : S->t.stride[3]; }
 };
+
+// f(std::integral_constant<int64_t, DT>) for the element type of L's rows.
+template <class F>
+inline void with_elem(const Lines& L, F&& f) {
+    if (L.dt == F16) f(std::integral_constant<int64_t, F16>());
+    else if (L.dt == BF16) f(std::integral_constant<int64_t, BF16>());
+    else f(std::integral_constant<int64_t, F32>());
+}
 
 // The lines of S that tiles [s0, s1) x output planes [d0, d1) read: rows j*dil[1] + off[1]
 // (j < rows) from each tile row's first output, planes d + off[0] + k (k < depth taps);
@@ -434,7 +460,8 @@ int64_t prepare_lines(const Source& S, const TileGeom& T, int64_t rows, int64_t 
                       const int64_t* off, Lines& L, float* buf, int64_t c0 = 0,
                       int64_t c1 = -1) {
     L.S = &S;
-    L.packed = !direct_f32(S.t);
+    L.packed = !in_place(S.t);
+    L.dt = L.packed ? F32 : S.t.dtype;
     if (!L.packed) return 0;
     if (c1 < 0 || (cg_engine_dbg & 128)) c0 = 0, c1 = S.C;
     tile_keys(S, T, rows, cols, depth, s0, s1, d0, d1, off, L.keys, L.w0, L.w1);
@@ -451,7 +478,7 @@ int64_t prepare_lines(const Source& S, const TileGeom& T, int64_t rows, int64_t 
 int64_t lines_floats(const Source& S, const TileGeom& T, int64_t rows, int64_t cols,
                      int64_t depth, int64_t s0, int64_t s1, int64_t d0, int64_t d1,
                      const int64_t* off) {
-    if (direct_f32(S.t)) return 0;
+    if (in_place(S.t)) return 0;
     std::vector<int64_t> keys;
     int64_t w0, w1;
     tile_keys(S, T, rows, cols, depth, s0, s1, d0, d1, off, keys, w0, w1);
@@ -492,9 +519,9 @@ inline __attribute__((always_inline)) void columns_store(const vf (*tmp)[A], flo
 // padding), its columns xw floats apart, the columns outside [wlo, whi) zeros and only
 // nc lanes loaded (nc < VL: the lanes past a group's channels are zeros).  Point
 // a = k*A + j (k along w, j along h) goes to o + a*astride.
-template <int M, int AX, bool FULL>
-inline void input_vector(const float* const* rows, int64_t ch, int64_t xw, int wlo, int whi,
-                         int nc, float* o, int64_t astride) {
+template <int M, int AX, bool FULL, int64_t DT>
+inline void input_vector(const typename Elem<DT>::T* const* rows, int64_t ch, int64_t xw,
+                         int wlo, int whi, int nc, float* o, int64_t astride) {
     constexpr int A = F3<M>::A;
     constexpr int AH = AX == 2 ? A : 1;
     alignas(64) vf tmp[AH][A];
@@ -502,14 +529,14 @@ inline void input_vector(const float* const* rows, int64_t ch, int64_t xw, int w
 #pragma GCC unroll 8
     for (int j = 0; j < AH; j++) {
         vf d[A];
-        const float* r = rows[j] + ch;
+        const typename Elem<DT>::T* r = rows[j] + ch;
         if (FULL) {
 #pragma GCC unroll 8
-            for (int k = 0; k < A; k++) d[k] = load(r + k * xw);
+            for (int k = 0; k < A; k++) d[k] = load_as<DT>(r + k * xw);
         } else {
             for (int k = 0; k < A; k++)
                 d[k] = (!rows[j] || k < wlo || k >= whi) ? zero()
-                       : nc == VL ? load(r + k * xw) : load_n(r + k * xw, nc);
+                       : nc == VL ? load_as<DT>(r + k * xw) : load_as_n<DT>(r + k * xw, nc);
         }
         F3<M>::in(d, 1, &tmp[j][0], 1);
     }
@@ -527,26 +554,31 @@ void input_tile(const Source& S, const TileGeom& T, const Lines& L, int64_t n, i
     constexpr int AH = AX == 2 ? A : 1;
     const int64_t w0 = T.tiles_w[2 * tw] + T.off[2];
     const int64_t dw = T.dil[2];
-    const float* rows[AH];
     const bool inside = pd >= 0 && pd < S.L[0];
     int wlo = 0, whi = A;                 // the columns inside the input
     while (wlo < A && w0 + wlo * dw < 0) wlo++;
     while (whi > wlo && w0 + (whi - 1) * dw >= S.L[2]) whi--;
-    bool full = wlo == 0 && whi == A && inside;
-    const int64_t xw = L.pixel() * dw;           // floats between a tile's columns
-    for (int j = 0; j < AH; j++) {
-        const int64_t h = AX == 2 ? T.tiles_h[2 * th] + T.off[1] + j * T.dil[1] : 0;
-        const bool ok = inside && h >= 0 && h < S.L[1] && wlo < whi;
-        rows[j] = ok ? L.row(n, pd, h) + w0 * L.pixel() : nullptr;
-        full = full && ok;
-    }
-    const int64_t cfull = full ? c0 + (c1 - c0) / VL * VL : c0;
-    int64_t c = c0;
-    for (; c < cfull; c += VL)
-        input_vector<M, AX, true>(rows, c, xw, 0, A, VL, o + (c - c0), astride);
-    for (; c < c1; c += VL)
-        input_vector<M, AX, false>(rows, c, xw, wlo, whi, (int)std::min<int64_t>(VL, c1 - c),
-                                   o + (c - c0), astride);
+    const int64_t xw = L.pixel() * dw;           // elements between a tile's columns
+    with_elem(L, [&](auto dt) {
+        constexpr int64_t DT = decltype(dt)::value;
+        typedef typename Elem<DT>::T E;
+        const E* rows[AH];
+        bool full = wlo == 0 && whi == A && inside;
+        for (int j = 0; j < AH; j++) {
+            const int64_t h = AX == 2 ? T.tiles_h[2 * th] + T.off[1] + j * T.dil[1] : 0;
+            const bool ok = inside && h >= 0 && h < S.L[1] && wlo < whi;
+            rows[j] = ok ? L.row<E>(n, pd, h) + w0 * L.pixel() : nullptr;
+            full = full && ok;
+        }
+        const int64_t cfull = full ? c0 + (c1 - c0) / VL * VL : c0;
+        int64_t c = c0;
+        for (; c < cfull; c += VL)
+            input_vector<M, AX, true, DT>(rows, c, xw, 0, A, VL, o + (c - c0), astride);
+        for (; c < c1; c += VL)
+            input_vector<M, AX, false, DT>(rows, c, xw, wlo, whi,
+                                           (int)std::min<int64_t>(VL, c1 - c), o + (c - c0),
+                                           astride);
+    });
 }
 
 // Output transform of one tile: M + a*mstride (NB columns) -> the tile's pixel (i, j) at
@@ -1076,19 +1108,19 @@ namespace {
 // One channel vector of a dy tile (rows[i]: row i of the tile, null past the output;
 // columns xw floats apart, the first nw of them valid; nc lanes): Y = A dy A^T, point
 // a = k*A + j to o + a*astride.
-template <int M, int AX>
-inline void dy_vector(const float* const* rows, int64_t ch, int64_t xw, int nw, int nc, float* o,
-                      int64_t astride) {
+template <int M, int AX, int64_t DT>
+inline void dy_vector(const typename Elem<DT>::T* const* rows, int64_t ch, int64_t xw, int nw,
+                      int nc, float* o, int64_t astride) {
     constexpr int A = F3<M>::A;
     constexpr int MH = AX == 2 ? M : 1;
     alignas(64) vf tmp[MH][A];
 #pragma GCC unroll 4
     for (int i = 0; i < MH; i++) {
         vf d[M];
-        const float* r = rows[i] + ch;
+        const typename Elem<DT>::T* r = rows[i] + ch;
         for (int k = 0; k < M; k++)
             d[k] = (!rows[i] || k >= nw) ? zero()
-                   : nc == VL ? load(r + k * xw) : load_n(r + k * xw, nc);
+                   : nc == VL ? load_as<DT>(r + k * xw) : load_as_n<DT>(r + k * xw, nc);
         F3<M>::dy(d, 1, &tmp[i][0], 1);
     }
     columns_store<M, A, AX>(tmp, o, astride, [](const vf* c, vf* r) { F3<M>::dy(c, 1, r, 1); });
@@ -1133,11 +1165,13 @@ void wgrad_items(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox& box, fl
         const WgradLayout lay(P, I);
         const int64_t nt = I.nt(), cw = I.cw(), nd = I.d1 - I.d0;
         float* free_ = scratch;
+        PROF_START();
         free_ += prepare_lines(P->x, T, AX == 2 ? A : 1, A, kd, I.s0, I.s1, I.d0, I.d1, T.off,
                                LX, free_, I.g * cg_ + I.c0, I.g * cg_ + I.c1);
         free_ += prepare_lines(P->dy, T, MH, M, 1, I.s0, I.s1, I.d0, I.d1, dyoff, LY, free_,
                                I.g * og + std::min(og, I.ob0 * NB),
                                I.g * og + std::min(og, I.ob1 * NB));
+        PROF_ADD(0);
         float* V = free_;
         free_ += NA * lay.vstride;
         float* Y = free_;
@@ -1153,25 +1187,30 @@ void wgrad_items(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox& box, fl
             const int64_t w0 = T.tiles_w[2 * t.tw];
             const int nw = (int)T.tiles_w[2 * t.tw + 1];
             const int64_t xw = LY.pixel() * T.dil[2];
-            for (int64_t d = I.d0; d < I.d1; d++) {
-                const float* rows[MH];
-                for (int i = 0; i < MH; i++)
-                    rows[i] = i < nh ? LY.row(t.n, d, h0 + i * T.dil[1]) + w0 * LY.pixel()
-                                     : nullptr;
-                for (int64_t ob = I.ob0; ob < I.ob1; ob++)
-                    for (int v = 0; v < nv; v++) {
-                        const int64_t c = ob * NB + v * VL;
-                        const int nc = (int)std::max<int64_t>(0, std::min<int64_t>(VL, og - c));
-                        float* o = Y + (ob - I.ob0) * lay.bstride +
-                                   ((d - I.d0) * nt + (s - I.s0)) * NB + v * VL;
-                        if (nc == 0) {
-                            for (int a = 0; a < NA; a++) store(o + a * lay.ystride, zero());
-                            continue;
+            with_elem(LY, [&](auto dt) {
+                constexpr int64_t DT = decltype(dt)::value;
+                typedef typename Elem<DT>::T E;
+                for (int64_t d = I.d0; d < I.d1; d++) {
+                    const E* rows[MH];
+                    for (int i = 0; i < MH; i++)
+                        rows[i] = i < nh ? LY.row<E>(t.n, d, h0 + i * T.dil[1]) + w0 * LY.pixel()
+                                         : nullptr;
+                    for (int64_t ob = I.ob0; ob < I.ob1; ob++)
+                        for (int v = 0; v < nv; v++) {
+                            const int64_t c = ob * NB + v * VL;
+                            const int nc = (int)std::max<int64_t>(0, std::min<int64_t>(VL, og - c));
+                            float* o = Y + (ob - I.ob0) * lay.bstride +
+                                       ((d - I.d0) * nt + (s - I.s0)) * NB + v * VL;
+                            if (nc == 0) {
+                                for (int a = 0; a < NA; a++) store(o + a * lay.ystride, zero());
+                                continue;
+                            }
+                            dy_vector<M, AX, DT>(rows, I.g * og + c, xw, nw, nc, o, lay.ystride);
                         }
-                        dy_vector<M, AX>(rows, I.g * og + c, xw, nw, nc, o, lay.ystride);
-                    }
-            }
+                }
+            });
         }
+        PROF_ADD(1);
         // 2. M[g][a][k][c][o] += sum over planes and tiles of V[a][plane + k][tile][c] *
         //    Y[a][ob][plane][tile][o], the reduction over (plane, tile) contiguous
         const int64_t ncx = I.c1 - I.c0, nct = (ncx + mr - 1) / mr;
@@ -1201,6 +1240,7 @@ void wgrad_items(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox& box, fl
                 }
             }
         }
+        PROF_ADD(2);
     }
 }
 
