@@ -223,6 +223,50 @@ def test_channels_last_16bit_lines_converted_in_the_loads(isa, dtype, r, c, size
             assert_close(got[0][m][k], want[k], dtype)
 
 
+def test_items_take_more_tiles_when_the_transformed_weights_outgrow_l2(rng, monkeypatch):
+    """Regime "tiles": while the transformed weights fit in half a core's L2 an item's
+    transformed input stays within ITEM_V_BYTES; past it (every item streams all the
+    weights) items take up to half the L2 of transformed input and LARGE_U_ITEM_TILES
+    tiles -- with the same results, equal to the reference."""
+    case = geometry(2, n=2, c=96, o=96, size=(30, 30))     # 1.3 MB of transformed weights
+    x, w, dy = make_arrays(case, rng, np.float32, True)
+    want = reference_results(case, x, w, dy)
+    geom = make_geometry("t", **case)
+    eng = native.engine()
+    row_bytes = 4 * 36 * 96                        # one tile's transformed input (F(4, 3))
+    got, tiles = {}, {}
+    for l2 in (2**30, 2**21):
+        monkeypatch.setattr(native, "l2_bytes", lambda l2=l2: l2)
+        plan = winograd.corr_plan(geom, "dgrad", eng.vl, winograd._mr_of(eng), 4,
+                                  winograd._budgets())
+        assert plan.regime == "tiles"
+        big_u = plan.u_floats * 4 > l2 // 2
+        assert big_u == (l2 == 2**21)
+        tiles[l2] = int((plan.items[:, 1] - plan.items[:, 0]).max())
+        limit = max(winograd.ITEM_V_BYTES, l2 // 2) if big_u else winograd.ITEM_V_BYTES
+        mr = winograd._mr_of(eng)[plan.nv - 1]
+        assert tiles[l2] <= max(mr, limit // row_bytes)
+        got[l2] = _winograd_with_tiles(4, case, x, w, dy)
+    assert tiles[2**21] > 2 * tiles[2**30]
+    for k in range(3):
+        np.testing.assert_array_equal(got[2**21][k], got[2**30][k])
+        assert_close(got[2**21][k], want[k], np.float32)
+
+
+def test_l2_size_is_read_from_the_system():
+    """A core's L2 from sysfs (cpu0's level-2 cache), else the documented default."""
+    import glob
+    sizes = []
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            if open(os.path.join(d, "level")).read().strip() == "2":
+                text = open(os.path.join(d, "size")).read().strip().upper()
+                sizes.append(int(text.rstrip("KM")) * {"K": 1024, "M": 2**20}.get(text[-1], 1))
+        except OSError:
+            pass
+    assert native.l2_bytes() == (sizes[0] if sizes else native.L2_DEFAULT_BYTES)
+
+
 def test_results_do_not_depend_on_the_thread_count(rng, monkeypatch):
     monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
     cases = [geometry(2, n=3, c=24, o=40, size=23), geometry(3, n=1, c=8, o=16, size=(6, 9, 9)),

@@ -297,6 +297,32 @@ def _features_from_proc() -> int:
     return sum(1 << i for i, n in enumerate(names) if n in flags)
 
 
+# A core's L2 when the system does not say (sysfs): 1 MiB (Zen 4; Sapphire Rapids has 2,
+# Zen 3 512 KiB).
+L2_DEFAULT_BYTES = 1 << 20
+
+
+@functools.lru_cache(maxsize=None)
+def l2_bytes() -> int:
+    """The size of a core's L2 cache (Linux sysfs, cpu0), or L2_DEFAULT_BYTES."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in sorted(os.listdir(base)):
+            path = os.path.join(base, entry)
+            with open(os.path.join(path, "level")) as fh:
+                if fh.read().strip() != "2":
+                    continue
+            with open(os.path.join(path, "size")) as fh:
+                text = fh.read().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+            value = int(text.rstrip("KM")) * scale
+            if value > 0:
+                return value
+    except (OSError, ValueError):
+        pass
+    return L2_DEFAULT_BYTES
+
+
 def available() -> str | None:
     """None when at least one build is loaded, else why none is."""
     _load()

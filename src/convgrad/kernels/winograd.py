@@ -44,6 +44,14 @@ _VP = ctypes.c_void_p
 ITEM_V_BYTES = 192 * 2**10
 # Tiles per item at most.
 ITEM_TILES = 96
+# Regime "tiles" with transformed weights larger than half a core's L2: every item
+# streams all of them (from L3) to multiply its tiles, each weight block once per 14 or
+# so tiles; such items take a transformed input of up to half the L2 and up to this
+# many tiles.  DeepLab d6's data gradient (4.2 MB of weights; 14 -> 70 tiles an item on
+# a Sapphire Rapids, 2 MiB L2), 2 threads, alternating: 1.06x after the benchmark's
+# pause (NXC), 1.17x (NCX), 1.15x hot.  Not for weights that fit: ResNet-50 res2 (0.6
+# MB) with 1 MiB items was 0.89x (fewer items: the last ones leave a thread idle).
+LARGE_U_ITEM_TILES = 192
 # Transformed weights computed once and shared (regime "tiles") up to this size;
 # larger ones are transformed block by block by the items that use them (regime
 # "weights", where the transformed input is shared instead).
@@ -346,7 +354,8 @@ def _corr_geometry(geom: ConvGeometry, kind: str):
 def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
               budgets: tuple) -> CorrPlan:
     """The work decomposition of a Winograd forward / data gradient (pure, cached)."""
-    item_v_bytes, item_tiles, shared_u, shared_v, item_planes, weights_tiles = budgets
+    (item_v_bytes, item_tiles, shared_u, shared_v, item_planes, weights_tiles, half_l2,
+     large_u_tiles) = budgets
     ax = axes(geom)
     lin, lout, cin, cout, dil, off = _corr_geometry(geom, kind)
     G = geom.groups
@@ -364,6 +373,8 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
     items, groups_of_tiles, v_floats = [], [], []
     if u_floats * 4 <= shared_u:
         regime = "tiles"
+        if u_floats * 4 > half_l2:
+            item_v_bytes, item_tiles = max(item_v_bytes, half_l2), max(item_tiles, large_u_tiles)
         planes = min(depth, item_planes)
         rowlen = (planes + kd - 1) * G * cpad
         t = max(mr, min(item_tiles, item_v_bytes // (4 * na * rowlen)) // mr * mr)
@@ -419,7 +430,7 @@ def _spread(floats: int) -> int:
 def _budgets() -> tuple:
     w = settings.workspace_bytes()
     return (ITEM_V_BYTES, ITEM_TILES, min(SHARED_U_BYTES, w // 4), min(SHARED_V_BYTES, w // 4),
-            ITEM_PLANES, WEIGHTS_ITEM_TILES)
+            ITEM_PLANES, WEIGHTS_ITEM_TILES, native.l2_bytes() // 2, LARGE_U_ITEM_TILES)
 
 
 def _source(a: np.ndarray) -> _Source:
