@@ -249,8 +249,39 @@ def test_items_take_more_tiles_when_the_transformed_weights_outgrow_l2(rng, monk
         got[l2] = _winograd_with_tiles(4, case, x, w, dy)
     assert tiles[2**21] > 2 * tiles[2**30]
     for k in range(3):
-        np.testing.assert_array_equal(got[2**21][k], got[2**30][k])
+        if k != 1:              # (the weight gradient's items grow too: see below)
+            np.testing.assert_array_equal(got[2**21][k], got[2**30][k])
         assert_close(got[2**21][k], want[k], np.float32)
+
+
+def test_weight_gradient_items_grow_when_the_partial_sums_outgrow_l2(rng, monkeypatch):
+    """Partial sums (one set per part) larger than half a core's L2: items take about
+    WGRAD_LARGE_SUMS_ITEMS times their bytes of transformed tiles, so each reads and
+    writes them for many more tiles; the results stay equal to the reference and the
+    same for every thread count (the parts and their items are fixed by the plan)."""
+    case = geometry(2, n=2, c=96, o=96, size=(30, 30))     # F(4, 3): 1.3 MB of sums
+    x, w, dy = make_arrays(case, rng, np.float32, True)
+    want = reference_results(case, x, w, dy)[1]
+    geom = make_geometry("t", **case)
+    eng = native.engine()
+    tiles = {}
+    for l2 in (2**30, 2**21):
+        monkeypatch.setattr(native, "l2_bytes", lambda l2=l2: l2)
+        plan = winograd.wgrad_plan(geom, eng.vl, 4, winograd._wgrad_budgets())
+        assert plan.parts == 2
+        tiles[l2] = int((plan.items[:, 1] - plan.items[:, 0]).max())
+        got = []
+        for threads in (1, 2, 3):
+            with convgrad.config(algo="winograd", threads=threads):
+                winograd.tile_size, original = (lambda g, op: 4), winograd.tile_size
+                try:
+                    got.append(convgrad.conv_weight_grad(x, dy, w.shape, **attrs(case)))
+                finally:
+                    winograd.tile_size = original
+        for g in got[1:]:
+            np.testing.assert_array_equal(g, got[0])
+        assert_close(got[0], want, np.float32)
+    assert tiles[2**21] > 2 * tiles[2**30]
 
 
 def test_l2_size_is_read_from_the_system():
@@ -421,31 +452,38 @@ def test_the_chooser_takes_winograd_where_it_pays_and_stays_within_the_bound():
     assert kernels.select("fwd", deep, np.float32).name != "winograd"
 
 
-def test_weight_gradients_whose_sums_outgrow_l2_stay_direct_on_avx512():
+def test_weight_gradients_whose_boxed_sums_outgrow_l2_stay_direct_on_avx512():
     """On the AVX-512 build, a weight gradient whose set of per-point sums exceeds
-    WGRAD_MAX_SUMS_BYTES (DeepLab d6: 16 points x 256 x 256 floats, 4 MiB) is left to the
-    direct kernels unless its estimated speedup reaches WGRAD_LARGE_SUMS_SPEEDUP
-    (ResNet-50 res4: 9 MiB, 2.58: Winograd); small sets (res2: 0.56 MiB) keep Winograd,
-    and the AVX2 build keeps it for all (measured faster there); data gradients are not
-    affected."""
-    deeplab = make_geometry("t", **dict(geometry(2, n=4, c=256, o=256, size=33),
-                                        dilations=(6, 6), pads_begin=(6, 6), pads_end=(6, 6)))
+    WGRAD_MAX_SUMS_BYTES and is cut into boxes (two sets of partial sums would not fit
+    PARTIALS_BYTES: DeepLab d6 at 512 channels, 16 MiB) is left to the direct kernels
+    unless its estimated speedup reaches WGRAD_LARGE_SUMS_SPEEDUP (ResNet-50 res4: 9 MiB,
+    2.58: Winograd); sums kept as two partial sets (DeepLab d6 itself, 4 MiB: its items
+    grow instead) and small sets (res2: 0.56 MiB) keep Winograd, the AVX2 build keeps it
+    for all (measured faster there); data gradients are not affected."""
+    def deeplab_of(c):
+        return make_geometry("t", **dict(geometry(2, n=4, c=c, o=c, size=33), dilations=(6, 6),
+                                         pads_begin=(6, 6), pads_end=(6, 6)))
+    deeplab, wide = deeplab_of(256), deeplab_of(512)
     res2 = make_geometry("t", **geometry(2, n=8, c=64, o=64, size=56))
     assert winograd.wgrad_sums_bytes(deeplab) == 4 * 16 * 256 * 256
+    assert 2 * winograd.wgrad_sums_bytes(deeplab) <= winograd.PARTIALS_BYTES
+    assert 2 * winograd.wgrad_sums_bytes(wide) > winograd.PARTIALS_BYTES
     assert winograd.wgrad_sums_bytes(res2) == 4 * 36 * 64 * 64
     m = winograd.tile_size(deeplab, "wgrad")
-    assert not winograd._preferred(deeplab, "wgrad", m, 16)
-    assert winograd._preferred(deeplab, "wgrad", m, 8)
-    assert winograd._preferred(deeplab, "dgrad", winograd.tile_size(deeplab, "dgrad"), 16)
+    assert winograd.speedup_estimate(wide, "wgrad", m) < winograd.WGRAD_LARGE_SUMS_SPEEDUP
+    assert not winograd._preferred(wide, "wgrad", m, 16)
+    assert winograd._preferred(wide, "wgrad", m, 8)
+    assert winograd._preferred(deeplab, "wgrad", m, 16)
+    assert winograd._preferred(wide, "dgrad", winograd.tile_size(wide, "dgrad"), 16)
     assert winograd._preferred(res2, "wgrad", winograd.tile_size(res2, "wgrad"), 16)
     res4 = make_geometry("t", **geometry(2, n=8, c=256, o=256, size=14))
-    assert winograd.wgrad_sums_bytes(res4) > winograd.WGRAD_MAX_SUMS_BYTES
+    assert 2 * winograd.wgrad_sums_bytes(res4) > winograd.PARTIALS_BYTES
     assert (winograd.speedup_estimate(res4, "wgrad") >= winograd.WGRAD_LARGE_SUMS_SPEEDUP
-            > winograd.speedup_estimate(deeplab, "wgrad", m))
+            > winograd.speedup_estimate(wide, "wgrad", m))
     assert winograd._preferred(res4, "wgrad", winograd.tile_size(res4, "wgrad"), 16)
     vl = native.engine().vl
-    want = "native" if vl >= 16 else "winograd"
-    assert kernels.select("wgrad", deeplab, np.float32).name == want
+    assert kernels.select("wgrad", wide, np.float32).name == ("native" if vl >= 16 else "winograd")
+    assert kernels.select("wgrad", deeplab, np.float32).name == "winograd"
 
 
 @pytest.mark.parametrize("isa", native.info()["loaded"])

@@ -259,7 +259,8 @@ def _preferred(geom: ConvGeometry, op: str, m: int, vl: int = 8) -> bool:
     if op == "wgrad" and wgrad_tiles(geom, m) < WGRAD_MIN_TILES:
         return False
     speedup = speedup_estimate(geom, op, m)
-    if (op == "wgrad" and vl >= 16 and wgrad_sums_bytes(geom, m) > WGRAD_MAX_SUMS_BYTES
+    sums = wgrad_sums_bytes(geom, m) if op == "wgrad" else 0
+    if (vl >= 16 and sums > WGRAD_MAX_SUMS_BYTES and 2 * sums > PARTIALS_BYTES
             and speedup < WGRAD_LARGE_SUMS_SPEEDUP):
         return False
     return speedup >= SPEEDUP_MARGIN
@@ -279,7 +280,11 @@ def _preferred(geom: ConvGeometry, op: str, m: int, vl: int = 8) -> bool:
 # pool threads, 2.3x slower after the pause): res4 (9 MiB of sums, estimated speedup 2.58)
 # now 1.17x faster after the pause (1.35x hot), NCX level (1.13x hot); DeepLab (4 MiB,
 # F(2, 3) on its 6 x 6 dilated sub-grids, estimate 1.59) still 1.06-1.12x slower.  So the
-# sums rule holds only below an estimated speedup of WGRAD_LARGE_SUMS_SPEEDUP.
+# sums rule holds only below an estimated speedup of WGRAD_LARGE_SUMS_SPEEDUP.  And only
+# where the sums are cut into boxes: a weight gradient whose two sets of partial sums fit
+# PARTIALS_BYTES takes items of several times their bytes of tiles when they outgrow the
+# L2 (WGRAD_LARGE_SUMS_ITEMS), and DeepLab's then ran 1.09x (NXC) / 1.13x (NCX) faster
+# than direct after the pause (2026-11-26 evening, same protocol).
 WGRAD_MAX_SUMS_BYTES = 2 * 2**20
 WGRAD_LARGE_SUMS_SPEEDUP = 2.0
 
@@ -836,6 +841,15 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> 
 
 # An item's transformed x and dy tiles: about this much.
 WGRAD_ITEM_BYTES = 1 * 2**20
+# ... except where a set of partial sums outgrows half a core's L2: every item then
+# reads and writes all of it (L3) to add its tiles' products, so items take about
+# WGRAD_LARGE_SUMS_ITEMS times its bytes of transformed tiles (at most an eighth of the
+# workspace).  DeepLab d6 (4.2 MB of sums, 30 -> 162 tiles an item), Sapphire Rapids
+# (2 MiB L2), 2 threads, after the benchmark's pause, alternating: NXC 1.19-1.21x
+# (13.2-13.5 ms), NCX 1.34x; 4 times the sums' bytes 0.95x (too few items for the two
+# parts).  Not for sums that fit (items of 4 MiB: res2 0.51x, res4 0.81x, U-Net 0.68x,
+# TCN 0.90x).
+WGRAD_LARGE_SUMS_ITEMS = 2
 # Output planes (3-D) per item.
 WGRAD_ITEM_PLANES = 4
 # Chunks of tiles with partial sums of the products (when they fit PARTIALS_BYTES);
@@ -893,7 +907,7 @@ def wgrad_plan(geom: ConvGeometry, vl: int, m: int, budgets: tuple) -> WgradPlan
     """The work decomposition of a Winograd weight gradient (pure, cached).  Results do
     not depend on the thread count: every sum runs over the same blocks of tiles in the
     same order, whichever thread runs it."""
-    item_bytes, item_planes, nparts, partials, box_bytes = budgets
+    item_bytes, item_planes, nparts, partials, box_bytes, half_l2, large_item_max = budgets
     ax = axes(geom)
     pad3 = native._pad3
     lin, lout = pad3(geom.in_sizes, 1), pad3(geom.out_sizes, 1)
@@ -913,6 +927,9 @@ def wgrad_plan(geom: ConvGeometry, vl: int, m: int, budgets: tuple) -> WgradPlan
     parts_mode = 2 * all_floats * 4 <= partials and G * cpad * nob * nb * na * kd * 4 <= partials
     if parts_mode:
         boxes = [(g, 0, cpad, 0, nob) for g in range(G)]
+        if all_floats * 4 > half_l2:
+            item_bytes = max(item_bytes, min(large_item_max,
+                                             WGRAD_LARGE_SUMS_ITEMS * all_floats * 4))
     else:
         x_bytes = geom.n * math.prod(lin) * cg * 4
         dy_bytes = geom.n * math.prod(lout) * og * 4
@@ -952,7 +969,7 @@ def wgrad_plan(geom: ConvGeometry, vl: int, m: int, budgets: tuple) -> WgradPlan
 def _wgrad_budgets() -> tuple:
     w = settings.workspace_bytes()
     return (WGRAD_ITEM_BYTES, WGRAD_ITEM_PLANES, WGRAD_PARTS, min(PARTIALS_BYTES, w // 4),
-            min(WGRAD_BOX_BYTES, max(2**16, w // 16)))
+            min(WGRAD_BOX_BYTES, max(2**16, w // 16)), native.l2_bytes() // 2, w // 8)
 
 
 def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
