@@ -198,14 +198,25 @@ def test_weight_gradient_items_convert_only_their_channels(isa, dtype, channels_
 @pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["f16", "bf16"])
 @pytest.mark.parametrize("r,c,size,d", [(1, 40, 37, 2), (2, 19, (11, 9), 1), (3, 24, (4, 6, 5), 2)],
                          ids=["1d", "2d-tails", "3d"])
-def test_channels_last_16bit_lines_converted_in_the_loads(isa, dtype, r, c, size, d, rng):
+@pytest.mark.parametrize("channels_last,regime", [(True, "tiles"), (False, "tiles"),
+                                                  (True, "weights")])
+def test_16bit_lines_and_weights_converted_in_the_loads(isa, dtype, r, c, size, d,
+                                                        channels_last, regime, rng,
+                                                        monkeypatch):
     """Channels-last float16 / bfloat16 lines are read in place, converted inside the
-    transforms' loads (AVX-512 / AVX2 builds; engine debug bit 4194304 converts them into
-    scratch first, as the portable build does): every op, both tile sizes, channel
-    counts with tails and tiles past the edges -- the same bits both ways, equal to the
-    reference."""
+    transforms' loads (AVX-512 / AVX2 builds), and 16-bit weights -- XIO (rows
+    contiguous) or OIX (taps contiguous), transformed once per call or by each item --
+    are gathered 8 x 8 blocks at a time, widened and transposed; engine debug bit
+    4194304 converts the lines into scratch first (as the portable build does) and the
+    weights element by element: every op, both tile sizes, channel counts with tails and
+    tiles past the edges -- the same bits both ways, equal to the reference."""
+    if regime == "weights":
+        monkeypatch.setattr(winograd, "SHARED_U_BYTES", 0)
     case = geometry(r, n=2, c=c, o=21, size=size, d=d, pb=2, pe=1)
-    x, w, dy = make_arrays(case, rng, dtype, True)
+    x, w, dy = make_arrays(case, rng, dtype, channels_last)
+    assert winograd.corr_plan(make_geometry("t", **case), "dgrad", native.engine().vl,
+                              winograd._mr_of(native.engine()), 4,
+                              winograd._budgets()).regime == regime
     want = reference_results(case, x, w, dy)
     got = {}
     with convgrad.config(isa=isa):

@@ -479,12 +479,20 @@ def _streams_channels(out: np.ndarray) -> bool:
             and out.ctypes.data % 64 == 0 and _results.recycled(out))
 
 
+# 16-bit weights: converted to a float32 copy once per call (True), or read in place by
+# the weight transforms, 8 x 8 blocks widened and transposed (False; 2026-11-26 evening).
+# The copy had replaced an element-by-element conversion at the weights' stride (ResNet-50
+# res4 data gradient, float16: 13% of its time); the blocks read the 16-bit weights at
+# about the speed of float32 ones and save the copy: res5 float16 data gradient (9.4 MB of
+# float32 weights, transformed once per call), after the pause, alternating: see
+# docs/kernels.md.
+FLOAT32_WEIGHTS_COPY = False
+
+
 def _float32_weights(w: np.ndarray) -> np.ndarray:
-    """float16/bfloat16 weights as a float32 array of the same memory order (w itself if
-    float32), converted once by the engine: the weight transforms would otherwise
-    convert them element by element at their stride, once per work item that
-    transforms them (ResNet-50 res4 data gradient, float16: 13% of its time)."""
-    if w.dtype == np.float32:
+    """float16/bfloat16 weights as a float32 array of the same memory order when
+    FLOAT32_WEIGHTS_COPY (converted once by the engine), else w itself."""
+    if w.dtype == np.float32 or not FLOAT32_WEIGHTS_COPY:
         return w
     order = np.argsort(w.strides, kind="stable")[::-1]      # memory order, outermost first
     base = np.ascontiguousarray(w.transpose(order))         # no copy for a permuted view
@@ -552,14 +560,14 @@ def _run_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
 
 def _bind_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
                geom: ConvGeometry, alloc):
-    """:func:`_run_corr` bound (``_bound``), in either regime (16-bit weights converted
-    to float32 each call, as there):
+    """:func:`_run_corr` bound (``_bound``), in either regime (16-bit weights read as
+    there):
     descriptor, work ranges, scratch sizes and task tables made once; a call patches the
     data, result and scratch addresses (transformed weights U, or each group's
     transformed input V).  None where it would do otherwise."""
     if out.size == 0 or inp.size == 0 or w.size == 0:
         return None
-    convert = w.dtype != np.float32           # (16-bit weights: a float32 copy each call)
+    convert = w.dtype != np.float32 and FLOAT32_WEIGHTS_COPY    # (a float32 copy each call)
     w = _float32_weights(w)
     wstrides = w.strides
     eng = native.engine()
@@ -813,7 +821,7 @@ def memory(call) -> dict[str, int]:
     packed = any(t.dtype != f32 or "nxc" not in t.layouts for t in ins)
     buffered = call.op != "wgrad" and (layout != "nxc" or (direct and call.out.dtype != f32))
     weights = call.a if call.op == "dgrad" else call.b
-    if call.op != "wgrad" and weights.dtype != f32:
+    if call.op != "wgrad" and weights.dtype != f32 and FLOAT32_WEIGHTS_COPY:
         parts["float32 weights"] = weights.size * 4         # _float32_weights
     parts.update(workspace(call.geom, call.op, packed, buffered))
     return parts

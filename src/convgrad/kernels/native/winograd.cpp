@@ -707,18 +707,35 @@ inline int64_t out_buffer_floats(const WinoProblem* P, int64_t nt) {
 
 // Rows a in [a0, a0 + na) x taps [0, T) x columns [0, nvalid) of one block of the
 // weights (element (t, a, b) at src + t*st + a*sa + b*sb, dtype) into buf[a - a0][t][NB]
-// as float32, zeros past nvalid.  float32 weights are read along whichever axis is
-// contiguous: columns as vectors; rows or taps in 8 x 8 blocks, transposed.
+// as float32, zeros past nvalid.  Weights are read along whichever axis is contiguous:
+// columns as vectors; rows or taps in 8 x 8 blocks, transposed (16-bit ones widened
+// first; engine debug bit 4194304: 16-bit weights element by element at their stride).
 void gather_weights(const char* src, int64_t dtype, int64_t st, int64_t sa, int64_t sb,
                     int64_t a0, int na, int T, int nvalid, int NB, float* buf) {
     const int64_t es = itemsize(dtype);
     auto elem = [&](int64_t t, int64_t a, int64_t b) {
         return src + es * (t * st + a * sa + b * sb);
     };
+    auto value = [&](int64_t t, int64_t a, int64_t b) {
+        float v;
+        convert_run(&v, elem(t, a, b), dtype, 1, 1);
+        return v;
+    };
+    // 8 runs of 8 contiguous elements, rs elements apart from p, transposed into dst
+    // (rows dstride floats apart); 16-bit runs are widened first (F16C / shifts)
+    auto block8 = [&](const char* p, int64_t rs, float* dst, int64_t dstride) {
+        if (dtype == F32) {
+            transpose8((const float*)p, rs, dst, dstride);
+            return;
+        }
+        alignas(32) float tmp[8][8];
+        for (int r = 0; r < 8; r++) convert_run(tmp[r], p + es * r * rs, dtype, 1, 8);
+        transpose8(&tmp[0][0], 8, dst, dstride);
+    };
     for (int i = 0; i < na; i++)
         for (int t = 0; t < T; t++)
             for (int b = nvalid; b < NB; b++) buf[(i * T + t) * NB + b] = 0.0f;
-    if (dtype != F32 || sb == 1 || (st != 1 && sa != 1)) {
+    if (sb == 1 || (st != 1 && sa != 1) || (dtype != F32 && (cg_engine_dbg & 4194304))) {
         for (int i = 0; i < na; i++)
             for (int t = 0; t < T; t++)
                 convert_run(buf + (i * T + t) * NB, elem(t, a0 + i, 0), dtype, sb, nvalid);
@@ -731,11 +748,9 @@ void gather_weights(const char* src, int64_t dtype, int64_t st, int64_t sa, int6
         for (int i = 0; i < na; i++) {
             float* o = buf + i * T * NB;
             for (int b = 0; b < b8; b += 8)
-                for (int t = 0; t < t8; t += 8)
-                    transpose8((const float*)elem(t, a0 + i, b), sb, o + t * NB + b, NB);
+                for (int t = 0; t < t8; t += 8) block8(elem(t, a0 + i, b), sb, o + t * NB + b, NB);
             for (int t = 0; t < T; t++)
-                for (int b = (t < t8 ? b8 : 0); b < nvalid; b++)
-                    o[t * NB + b] = *(const float*)elem(t, a0 + i, b);
+                for (int b = (t < t8 ? b8 : 0); b < nvalid; b++) o[t * NB + b] = value(t, a0 + i, b);
         }
         return;
     }
@@ -744,11 +759,10 @@ void gather_weights(const char* src, int64_t dtype, int64_t st, int64_t sa, int6
     for (int t = 0; t < T; t++) {
         for (int i = 0; i < i8; i += 8)
             for (int b = 0; b < b8; b += 8)
-                transpose8((const float*)elem(t, a0 + i, b), sb, buf + (i * T + t) * NB + b,
-                           (int64_t)T * NB);
+                block8(elem(t, a0 + i, b), sb, buf + (i * T + t) * NB + b, (int64_t)T * NB);
         for (int i = 0; i < na; i++)
             for (int b = (i < i8 ? b8 : 0); b < nvalid; b++)
-                buf[(i * T + t) * NB + b] = *(const float*)elem(t, a0 + i, b);
+                buf[(i * T + t) * NB + b] = value(t, a0 + i, b);
     }
 }
 
