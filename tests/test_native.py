@@ -750,9 +750,9 @@ def test_channels_first_pointwise_calls(dtype, n, rng, monkeypatch):
     case = _geometry(2, c=40, o=24, size=11, k=1, pb=0, pe=0, n=n)
     for t in (1, 2, 3):
         check(case, rng, dtype=dtype, channels_last=False, threads=t)
-    # every op of every call (a 16-bit wgrad: a block of samples each; float32: cg_pw_run)
-    assert len(taken) >= (6 if dtype == np.float32 else 9)
-    assert len(pw) == (3 if dtype == np.float32 else 0)
+    # every op of every call (the weight gradient: cg_pw_run, any dtype)
+    assert len(taken) >= 6
+    assert len(pw) == 3
     x, _, dy = make_arrays(case, rng, dtype, False)
     kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
     dws = []
@@ -777,12 +777,27 @@ def test_channels_first_pointwise_weight_gradient_kernel(isa, c, o, size, n, rng
                                        monkeypatch)
 
 
-def _check_channels_first_wgrad_kernel(case, isa, kernel, switch, rng, monkeypatch):
-    """The float32 NCX weight gradient of ``case`` with native.<switch> on (1 and 3
-    threads: native.<kernel> runs, bitwise equal) and off (the path it replaced), each
-    against the reference."""
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("c,o,size,n", [(37, 13, 41, 4), (64, 70, 9, 1), (130, 9, 50, 4)])
+def test_channels_first_pointwise_16bit_weight_gradient_kernel(isa, dtype, c, o, size, n, rng,
+                                                               monkeypatch):
+    """cg_pw_run on float16 / bfloat16 NCX 1x1 weight gradients (each chunk's rows widened
+    into scratch, the broadcast tile's rows as it comes to them): against the reference
+    and the per-sample correlation it replaced (POINTWISE_16BIT off), on every build, 1
+    and 3 threads bitwise equal."""
+    case = _geometry(2, c=c, o=o, size=size, k=1, pb=0, pe=0, n=n)
+    _check_channels_first_wgrad_kernel(case, isa, "_pointwise_wgrad", "POINTWISE_16BIT", rng,
+                                       monkeypatch, dtype)
+
+
+def _check_channels_first_wgrad_kernel(case, isa, kernel, switch, rng, monkeypatch,
+                                       dtype=np.float32):
+    """The NCX weight gradient of ``case`` with native.<switch> on (1 and 3 threads:
+    native.<kernel> runs, bitwise equal) and off (the path it replaced), each against
+    the reference."""
     monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
-    x, w, dy = make_arrays(case, rng, np.float32, False)
+    x, w, dy = make_arrays(case, rng, dtype, False)
     kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
     want = reference_results(case, x, w, dy)[1]
     ran, real = [], getattr(native, kernel)
@@ -792,7 +807,7 @@ def _check_channels_first_wgrad_kernel(case, isa, kernel, switch, rng, monkeypat
         monkeypatch.setattr(native, switch, new)
         with convgrad.config(algo="native", isa=isa, threads=threads):
             got.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
-        assert_close(got[-1], want, np.float32)
+        assert_close(got[-1], want, dtype)
     assert len(ran) == 2
     np.testing.assert_array_equal(got[0], got[1])
 

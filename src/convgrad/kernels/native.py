@@ -83,6 +83,9 @@ CFW_PANEL_FLOATS = 32 << 10
 # least this many position ranges
 POINTWISE_KERNEL = True
 POINTWISE_PARTS = 8
+# ... and float16/bfloat16 ones too, each chunk's rows widened into scratch first
+# (2026-11-26 evening; they had taken the per-sample correlation: see docs/kernels.md)
+POINTWISE_16BIT = True
 # channels-first pointwise problems a sample per task on the engine's workers
 PW_SAMPLE_TASKS = True
 # wgrad: the packed panels of one chunk of positions (x rows, dy rows; swept in
@@ -148,7 +151,7 @@ class _Corr(ctypes.Structure):
 class _Pw(ctypes.Structure):
     _fields_ = [("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("an", _I64), ("ac", _I64),
                 ("bn", _I64), ("bc", _I64), ("A", _I64), ("B", _I64), ("bpad", _I64),
-                ("tasks", ctypes.c_void_p)]
+                ("tasks", ctypes.c_void_p), ("dtype", _I64)]
 
 
 class _Cfw(ctypes.Structure):
@@ -1345,8 +1348,10 @@ def _pointwise_wgrad(eng: Engine, x3: np.ndarray, dy3: np.ndarray, geom: ConvGeo
     A, B = a3.shape[2], b3.shape[2]
     nb = int(eng.lib.cg_pw_nb())
     bpad = -(-B // nb) * nb
-    prob = _Pw(a3.ctypes.data, b3.ctypes.data, a3.strides[0] // 4, a3.strides[2] // 4,
-               b3.strides[0] // 4, b3.strides[2] // 4, A, B, bpad, None)
+    es = a3.itemsize
+    prob = _Pw(a3.ctypes.data, b3.ctypes.data, a3.strides[0] // es, a3.strides[2] // es,
+               b3.strides[0] // es, b3.strides[2] // es, A, B, bpad, None,
+               DTYPE_CODES[a3.dtype])
     kc = int(eng.lib.cg_pw_chunk(ctypes.addressof(prob)))
     chunks = -(-p // kc)
     q = max(1, min(-(-POINTWISE_PARTS // n), chunks // 2))
@@ -1371,6 +1376,11 @@ def _pointwise_wgrad(eng: Engine, x3: np.ndarray, dy3: np.ndarray, geom: ConvGeo
                 acc += parts[j]
     del prob, buf, table
     return acc[:, :B].T if b_is_x else acc[:, :B]
+
+
+def _pointwise_kernel_takes(dtype) -> bool:
+    """Whether cg_pw_run computes a channels-first 1x1 weight gradient in this dtype."""
+    return POINTWISE_KERNEL and (dtype == np.float32 or (POINTWISE_16BIT and dtype in DTYPE_CODES))
 
 
 def _channels_first(a: np.ndarray) -> bool:
@@ -1457,7 +1467,7 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
         return result
     x, dy = (_stationary_input(a, geom, "wgrad", eng.vl) for a in (x, dy))
     cf = _channels_first_pointwise(geom, x, dy)
-    if cf is not None and x.dtype == dy.dtype == np.float32 and POINTWISE_KERNEL:
+    if cf is not None and x.dtype == dy.dtype and _pointwise_kernel_takes(x.dtype):
         return _pointwise_wgrad(eng, cf[0].swapaxes(1, 2), cf[1].swapaxes(1, 2), geom,
                                 threads).reshape(shape)
     if cf is not None:
@@ -1588,8 +1598,9 @@ def _bind_pointwise_wgrad(x3: np.ndarray, dy3: np.ndarray, geom: ConvGeometry, s
     A, B = a3.shape[2], b3.shape[2]
     nb = int(lib.cg_pw_nb())
     bpad = -(-B // nb) * nb
-    prob = _Pw(None, None, a3.strides[0] // 4, a3.strides[2] // 4, b3.strides[0] // 4,
-               b3.strides[2] // 4, A, B, bpad, None)
+    es = a3.itemsize
+    prob = _Pw(None, None, a3.strides[0] // es, a3.strides[2] // es, b3.strides[0] // es,
+               b3.strides[2] // es, A, B, bpad, None, DTYPE_CODES[a3.dtype])
     kc = int(lib.cg_pw_chunk(ctypes.addressof(prob)))
     chunks = -(-p // kc)
     q = max(1, min(-(-POINTWISE_PARTS // n), chunks // 2))
@@ -1651,7 +1662,7 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
     copied = (xs is not x, dys is not dy)
     cf = _channels_first_pointwise(geom, xs, dys)
     if cf is not None:
-        if xs.dtype == dys.dtype == np.float32 and POINTWISE_KERNEL and not any(copied):
+        if xs.dtype == dys.dtype and _pointwise_kernel_takes(xs.dtype) and not any(copied):
             return _bind_pointwise_wgrad(cf[0].swapaxes(1, 2), cf[1].swapaxes(1, 2), geom,
                                          shape)
         return None

@@ -1170,16 +1170,19 @@ constexpr int64_t PW_PANEL_FLOATS = 48 << 10;      // 192 KiB of b's panels per 
 
 extern "C" {
 
-// a (N, A, P) and b (N, B, P) float32, strides in floats (positions contiguous).  Task
-// k (tasks[4k .. 4k + 3]) = (sample, first and end position, address of its out
-// [A][bpad]), bpad = B rounded up to NB.
+// a (N, A, P) and b (N, B, P) in dtype (float32, float16 or bfloat16), strides in
+// elements (positions contiguous).  Task k (tasks[4k .. 4k + 3]) = (sample, first and
+// end position, address of its out [A][bpad]), bpad = B rounded up to NB.  16-bit
+// operands: each chunk's b rows, and a tile's MR a rows (its broadcasts, re-read for
+// every block of b), are widened into the thread's scratch first, then read as float32.
 struct PwProblem {
-    const float* a;
-    const float* b;
+    const void* a;
+    const void* b;
     int64_t an, ac;
     int64_t bn, bc;
     int64_t A, B, bpad;
     const int64_t* tasks;
+    int64_t dtype;
 };
 
 int64_t cg_pw_nb(void) { return PW_NV * VL; }
@@ -1189,32 +1192,65 @@ int64_t cg_pw_chunk(const PwProblem* P) {
     return std::max<int64_t>(64, std::min<int64_t>(1024, PW_PANEL_FLOATS / P->bpad / 8 * 8));
 }
 
-// Floats of scratch per thread.
-int64_t cg_pw_scratch(const PwProblem* P) { return cg_pw_chunk(P) * P->bpad + 64; }
+// Floats of scratch per thread (16-bit: and the widened rows of a chunk).
+int64_t cg_pw_scratch(const PwProblem* P) {
+    const int64_t kc = cg_pw_chunk(P);
+    return kc * P->bpad + 64 + (P->dtype == F32 ? 0 : (WG_MR[PW_NV] + P->B) * kc + 64);
+}
 
 // Task k: its out (A x bpad floats) = the sum over its positions (zeroed first).
+static inline void prefetch_run(const char* p, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 1);
+    __builtin_prefetch(p + bytes - 1, 0, 1);
+}
+
 void cg_pw_run(const PwProblem* P, int64_t k, float* scratch) {
     constexpr int NB = PW_NV * VL, MR = WG_MR[PW_NV];
     const int64_t* task = P->tasks + 4 * k;
     float* out = (float*)(intptr_t)task[3];
     const int64_t A = P->A, B = P->B, bpad = P->bpad, nbb = bpad / NB, kc = cg_pw_chunk(P);
     const int64_t nt = (A + MR - 1) / MR;
-    const float* a = P->a + task[0] * P->an;
-    const float* b = P->b + task[0] * P->bn;
+    const int64_t es = itemsize(P->dtype);
+    const char* a = (const char*)P->a + es * task[0] * P->an;
+    const char* b = (const char*)P->b + es * task[0] * P->bn;
     const gemm_fn* fns = gemm_table(PW_NV);
     std::fill(out, out + A * bpad, 0.0f);
     float* bk = scratch;                                    // [j block][p][NB]
+    const bool wide = P->dtype != F32;
+    float* aw = scratch + kc * bpad + 64;                   // 16-bit: a tile's [MR][kc]
+    float* bw = aw + MR * kc;                               //         and b's [B][kc]
+    const int64_t brs = wide ? kc : P->bc;
     const float* ar[MR];
     float* cr[MR];
     for (int64_t p0 = task[1]; p0 < task[2]; p0 += kc) {
         const int64_t np = std::min(kc, task[2] - p0);
+        const float *a0 = (const float*)(a + es * p0), *b0 = (const float*)(b + es * p0);
+        if (wide) {
+            for (int64_t j = 0; j < B; j++) {
+                if (j + 4 < B) prefetch_run(b + es * ((j + 4) * P->bc + p0), es * np);
+                convert_run(bw + j * kc, b + es * (j * P->bc + p0), P->dtype, 1, np);
+            }
+            b0 = bw;
+        }
         for (int64_t jb = 0; jb < nbb; jb++)
-            channel_rows_to_panel(bk + jb * kc * NB, b + jb * NB * P->bc + p0, P->bc, np, NB,
+            channel_rows_to_panel(bk + jb * kc * NB, b0 + jb * NB * brs, brs, np, NB,
                                   B - jb * NB);
         for (int64_t t = 0; t < nt; t++) {
             const int64_t i0 = tile_start(t, A, nt);
             const int m = (int)(tile_start(t + 1, A, nt) - i0);
-            for (int i = 0; i < m; i++) ar[i] = a + (i0 + i) * P->ac + p0;
+            for (int i = 0; i < m; i++) {
+                if (wide) {
+                    // the tile's rows widened once for every block of b (the next tile's
+                    // row fetched meanwhile: short runs in many places, which the
+                    // hardware prefetchers do not follow; 16-bit / float32 time 1.25 ->
+                    // see docs/kernels.md)
+                    if (i0 + i + m < A) prefetch_run(a + es * ((i0 + i + m) * P->ac + p0), es * np);
+                    convert_run(aw + i * kc, a + es * ((i0 + i) * P->ac + p0), P->dtype, 1, np);
+                    ar[i] = aw + i * kc;
+                } else {
+                    ar[i] = a0 + (i0 + i) * P->ac;
+                }
+            }
             for (int64_t jb = 0; jb < nbb; jb++) {
                 for (int i = 0; i < m; i++) cr[i] = out + (i0 + i) * bpad + jb * NB;
                 fns[(m - 1) * BMAX](np, 1, ar, 1, 0, bk + jb * kc * NB, 0, 0, cr, NB);
