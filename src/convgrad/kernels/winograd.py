@@ -47,7 +47,7 @@ ITEM_TILES = 96
 # Regime "tiles" with transformed weights larger than half a core's L2: every item
 # streams all of them (from L3) to multiply its tiles, each weight block once per 14 or
 # so tiles; such items take a transformed input of up to half the L2 and up to this
-# many tiles.  DeepLab d6's data gradient (4.2 MB of weights; 14 -> 70 tiles an item on
+# many tiles.  DeepLab d6's data gradient (4.2 MB of weights; 14 -> 54 tiles an item on
 # a Sapphire Rapids, 2 MiB L2), 2 threads, alternating: 1.06x after the benchmark's
 # pause (NXC), 1.17x (NCX), 1.15x hot.  Not for weights that fit: ResNet-50 res2 (0.6
 # MB) with 1 MiB items was 0.89x (fewer items: the last ones leave a thread idle).
