@@ -1332,50 +1332,14 @@ def _wgrad_grid(kw: int, ntap: int, nblocks: int, threads: int) -> list[tuple]:
             for r in range(rows) for b in range(q)]
 
 
-def _pointwise_wgrad(eng: Engine, x3: np.ndarray, dy3: np.ndarray, geom: ConvGeometry,
-                     threads: int) -> np.ndarray:
-    """The (C, O) weight gradient of a float32 1x1, stride-1, unpadded, one-group
-    problem on channels-first memory, from (N, P, C) and (N, P, O) views whose
-    positions are contiguous: engine.cpp's cg_pw_run on fixed position ranges (at
-    least POINTWISE_PARTS over all samples, a few chunks each), one partial gradient
-    each, summed in order, so results never depend on the thread count."""
-    n, p, c = x3.shape
-    o = dy3.shape[2]
-    # b, the vector operand, is transposed into panels: the one with fewer channels;
-    # a, the broadcasts, is read in place
-    b_is_x = c <= o
-    a3, b3 = (dy3, x3) if b_is_x else (x3, dy3)
-    A, B = a3.shape[2], b3.shape[2]
-    nb = int(eng.lib.cg_pw_nb())
-    bpad = -(-B // nb) * nb
-    es = a3.itemsize
-    prob = _Pw(a3.ctypes.data, b3.ctypes.data, a3.strides[0] // es, a3.strides[2] // es,
-               b3.strides[0] // es, b3.strides[2] // es, A, B, bpad, None,
-               DTYPE_CODES[a3.dtype])
-    kc = int(eng.lib.cg_pw_chunk(ctypes.addressof(prob)))
-    chunks = -(-p // kc)
-    q = max(1, min(-(-POINTWISE_PARTS // n), chunks // 2))
-    tasks = [(s, min(p, kc * (chunks * i // q)), min(p, kc * (chunks * (i + 1) // q)))
-             for s in range(n) for i in range(q)]
-    slots, _ = _pointwise_parts(geom, threads)
-    slots = min(len(tasks), slots)
-    parts = scratch("native-pw-parts", (slots, A, bpad), np.float32, zero=False)
-    table = _i64([(t[0], t[1], t[2], parts[j % slots].ctypes.data)
-                  for j, t in enumerate(tasks)]).reshape(-1, 4)
-    prob.tasks = table.ctypes.data
-    pp = ctypes.addressof(prob)
-    acc = np.zeros((A, bpad), np.float32)
-    buf, per_thread = _pool.thread_scratch("native-pack", int(eng.lib.cg_pw_scratch(pp)),
-                                           min(threads, slots))
-    for r0 in range(0, len(tasks), slots):
-        m = min(slots, len(tasks) - r0)
-        _pool.run_native(eng.lib, "cg_pw_run", [(pp, r0 + j) for j in range(m)],
-                         min(threads, m), per_thread)
-        with np.errstate(invalid="ignore", over="ignore"):     # (Inf - Inf: NaN, D17)
-            for j in range(m):
-                acc += parts[j]
-    del prob, buf, table
-    return acc[:, :B].T if b_is_x else acc[:, :B]
+def _pointwise_wgrad(x3: np.ndarray, dy3: np.ndarray, geom: ConvGeometry, shape) -> np.ndarray:
+    """The weight gradient (``shape``) of a 1x1, stride-1, unpadded, one-group problem on
+    channels-first memory, from (N, P, C) and (N, P, O) views whose positions are
+    contiguous: engine.cpp's cg_pw_run on fixed position ranges (at least
+    POINTWISE_PARTS over all samples, a few chunks each), one partial gradient each,
+    summed in order, so results never depend on the thread count; one call of its bound
+    form (:func:`_bind_pointwise_wgrad`)."""
+    return _bind_pointwise_wgrad(x3, dy3, geom, shape)(x3, dy3)
 
 
 def _pointwise_kernel_takes(dtype) -> bool:
@@ -1468,8 +1432,7 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
     x, dy = (_stationary_input(a, geom, "wgrad", eng.vl) for a in (x, dy))
     cf = _channels_first_pointwise(geom, x, dy)
     if cf is not None and x.dtype == dy.dtype and _pointwise_kernel_takes(x.dtype):
-        return _pointwise_wgrad(eng, cf[0].swapaxes(1, 2), cf[1].swapaxes(1, 2), geom,
-                                threads).reshape(shape)
+        return _pointwise_wgrad(cf[0].swapaxes(1, 2), cf[1].swapaxes(1, 2), geom, shape)
     if cf is not None:
         # dw^T (O, C) = sum over n, in order, of dy[n] (O, P) @ x[n]^T (P, C): a block
         # of one sample per thread at a time, so the sums never depend on threads
@@ -1593,6 +1556,8 @@ def _bind_pointwise_wgrad(x3: np.ndarray, dy3: np.ndarray, geom: ConvGeometry, s
     threads = _threads(geom.flops)
     n, p, c = x3.shape
     o = dy3.shape[2]
+    # b, the vector operand, is transposed into panels: the one with fewer channels;
+    # a, the broadcasts, is read in place
     b_is_x = c <= o
     a3, b3 = (dy3, x3) if b_is_x else (x3, dy3)
     A, B = a3.shape[2], b3.shape[2]
