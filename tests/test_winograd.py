@@ -217,21 +217,7 @@ def test_16bit_lines_and_weights_converted_in_the_loads(isa, dtype, r, c, size, 
     assert winograd.corr_plan(make_geometry("t", **case), "dgrad", native.engine().vl,
                               winograd._mr_of(native.engine()), 4,
                               winograd._budgets()).regime == regime
-    want = reference_results(case, x, w, dy)
-    got = {}
-    with convgrad.config(isa=isa):
-        lib = native.engine().lib
-        try:
-            for bit in (0, 4194304):
-                lib.cg_engine_set_dbg(bit)
-                got[bit] = [_winograd_with_tiles(m, case, x, w, dy) for m in (4, 2)]
-        finally:
-            lib.cg_engine_set_dbg(0)
-    for m in range(2):
-        for k in range(3):
-            assert got[0][m][k].dtype == np.dtype(dtype)
-            np.testing.assert_array_equal(got[0][m][k], got[4194304][m][k])
-            assert_close(got[0][m][k], want[k], dtype)
+    _same_bits_with_debug_bit(isa, 4194304, case, x, w, dy)
 
 
 def test_items_take_more_tiles_when_the_transformed_weights_outgrow_l2(rng, monkeypatch):
@@ -423,6 +409,26 @@ def _winograd_with_tiles(m, case, x, w, dy):
         winograd.tile_size = original
 
 
+def _same_bits_with_debug_bit(isa, bit, case, x, w, dy):
+    """The three ops on Winograd, both tile sizes, on build ``isa``: in the inputs' dtype,
+    equal to the reference, and bit for bit the same with engine debug bit ``bit`` set."""
+    want = reference_results(case, x, w, dy)
+    got = {}
+    with convgrad.config(isa=isa):
+        lib = native.engine().lib
+        try:
+            for b in (0, bit):
+                lib.cg_engine_set_dbg(b)
+                got[b] = [_winograd_with_tiles(m, case, x, w, dy) for m in (4, 2)]
+        finally:
+            lib.cg_engine_set_dbg(0)
+    for m in range(2):
+        for k in range(3):
+            assert got[0][m][k].dtype == x.dtype
+            np.testing.assert_array_equal(got[0][m][k], got[bit][m][k])
+            assert_close(got[0][m][k], want[k], x.dtype)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_error_model_bounds_measured_errors(seed):
     """Random channel counts up to 1024 (the error grows like the square root of the
@@ -508,20 +514,7 @@ def test_channels_first_lines_transposed_in_place(isa, size, c, rng):
     r = 1 if isinstance(size, int) else 2
     case = geometry(r, n=2, c=c, o=11, size=size)
     x, w, dy = make_arrays(case, rng, np.float32, False)        # NCX memory
-    want = reference_results(case, x, w, dy)
-    got = {}
-    with convgrad.config(isa=isa):
-        lib = native.engine().lib
-        try:
-            for bit in (0, 1024):
-                lib.cg_engine_set_dbg(bit)
-                got[bit] = [_winograd_with_tiles(m, case, x, w, dy) for m in (4, 2)]
-        finally:
-            lib.cg_engine_set_dbg(0)
-    for m in range(2):
-        for k in range(3):
-            np.testing.assert_array_equal(got[0][m][k], got[1024][m][k])
-            assert_close(got[0][m][k], want[k], np.float32)
+    _same_bits_with_debug_bit(isa, 1024, case, x, w, dy)
 
 
 @pytest.mark.parametrize("isa", native.info()["loaded"])
