@@ -152,22 +152,37 @@ def test_weight_gradient_modes_agree(name, rng, monkeypatch):
         check(case, rng, threads=2)
 
 
+def _strides_2x1(**kw):
+    """A 2-D geometry strided along h only (2, 1)."""
+    g = _geometry(2, **kw, s=2)
+    g["strides"] = (2, 1)
+    g["out_sizes"] = (g["out_sizes"][0], g["in_sizes"][1] + kw["pb"] + kw["pe"] - kw["k"] + 1)
+    return g
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype,channels_last", [(np.float32, False), (np.float16, True),
                                                  (bfloat16, False)])
-@pytest.mark.parametrize("geom", [
-    _geometry(2, c=20, o=24, size=15, k=3, s=2, pb=1, pe=1),          # phases 8 and 7 wide
-    _geometry(2, c=9, o=16, size=17, k=4, s=3, d=2, pb=3, pe=0, n=1),  # 3 w phases, dilated
-    _geometry(1, c=12, o=20, size=40, k=5, s=4, pb=2, pe=3),           # 1-D, phases of 1 tap
-    _geometry(3, c=8, o=12, size=7, k=3, s=2, pb=1, pe=2, n=1),
-], ids=["2d-s2", "2d-s3-dilated", "1d-s4", "3d-s2"])
-def test_buffered_data_gradients_take_the_w_phases_of_a_line_together(isa, dtype,
-                                                                       channels_last, geom,
-                                                                       rng, monkeypatch):
+@pytest.mark.parametrize("geom,families", [
+    (_geometry(2, c=20, o=24, size=15, k=3, s=2, pb=1, pe=1), (2, 1)),   # 8 and 7 rows
+    (_geometry(2, c=20, o=24, size=16, k=3, s=2, pb=1, pe=1), (4, 2)),   # 8 rows each
+    (_strides_2x1(c=12, o=20, size=12, k=3, pb=1, pe=0), (2, 2)),        # h phases only
+    (_geometry(2, c=9, o=16, size=17, k=4, s=3, d=2, pb=3, pe=0, n=1), (3, 1)),
+    (_geometry(2, c=9, o=16, size=18, k=4, s=3, d=2, pb=3, pe=0, n=1), (9, 3)),
+    (_geometry(1, c=12, o=20, size=40, k=5, s=4, pb=2, pe=3), (4, 1)),   # 1-D, 1-tap phases
+    (_geometry(3, c=8, o=12, size=7, k=3, s=2, pb=1, pe=2, n=1), (2, 1)),
+    (_geometry(3, c=8, o=12, size=8, k=3, s=2, pb=1, pe=2, n=1), (4, 2)),
+], ids=["2d-s2", "2d-s2-even", "2d-s2x1", "2d-s3-dilated", "2d-s3-dilated-even", "1d-s4",
+        "3d-s2", "3d-s2-even"])
+def test_buffered_data_gradients_take_the_phases_of_a_line_together(isa, dtype,
+                                                                    channels_last, geom,
+                                                                    families, rng,
+                                                                    monkeypatch):
     """A data gradient computed into line buffers (channels-first or 16-bit results)
     with a stride along w computes all w phases of a line in one item and stores the
-    line once: the same values as one phase per item, bit for bit, and as the
-    reference."""
+    line once; where the h phases have as many rows each, all (h, w) phases of a line
+    (its consecutive output rows): the same values as fewer phases per item, bit for
+    bit, and as the reference."""
     monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
     x, w, dy = make_arrays(geom, rng, dtype, channels_last)
     kw = {k: geom[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
@@ -175,15 +190,56 @@ def test_buffered_data_gradients_take_the_w_phases_of_a_line_together(isa, dtype
     merged = []
     real = native.corr_plan.__wrapped__
     monkeypatch.setattr(native, "corr_plan",
-                        lambda *a: merged.append(real(*a).wphases) or real(*a))
-    got = {}
-    for merge in (True, False):
-        monkeypatch.setattr(native, "MERGE_W_PHASES", merge)
+                        lambda *a: merged.append((real(*a).wphases, real(*a).hphases))
+                        or real(*a))
+    got = []
+    for merge_w, merge_h in ((True, True), (True, False), (False, True)):
+        monkeypatch.setattr(native, "MERGE_W_PHASES", merge_w)
+        monkeypatch.setattr(native, "MERGE_H_PHASES", merge_h)
         with convgrad.config(algo="native", isa=isa, threads=2):
-            got[merge] = convgrad.conv_data_grad(w, dy, x.shape, **kw)
-        assert_close(got[merge], want, dtype)
-    assert merged == [geom["strides"][-1], 1]
-    np.testing.assert_array_equal(got[True], got[False])
+            got.append(convgrad.conv_data_grad(w, dy, x.shape, **kw))
+        assert_close(got[-1], want, dtype)
+    w_only = (geom["strides"][-1], 1)
+    assert merged == [families, w_only, (1, 1)]
+    np.testing.assert_array_equal(got[0], got[2])
+    np.testing.assert_array_equal(got[1], got[2])
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("r,size", [(2, 16), (2, 12), (3, 8)],
+                         ids=["2d-runs-of-lines", "2d-runs-not-lines", "3d-runs-of-lines"])
+def test_channels_first_data_gradients_stream_whole_lines(isa, r, size, rng, monkeypatch):
+    """A float32 channels-first strided data gradient in recycled memory writes the
+    channel runs of its buffered lines that fill whole cache lines with streaming
+    stores (16 x 16 images at stride 2: each line's two rows, 32 floats a channel),
+    the same bits as plain stores (engine debug bit 512), equal to the reference;
+    runs of 24 floats (12 x 12) keep plain stores."""
+    from convgrad.kernels import _results
+    decided = recycled_results_and_decisions(monkeypatch, _results, "streams_channels")
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    case = _geometry(r, c=24, o=20, size=size, k=3, s=2, pb=1, pe=1)
+    x, w, dy = make_arrays(case, rng, np.float32, False)         # NCX memory
+    want = reference_results(case, x, w, dy)[2]
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    _results.clear()
+    got = {}
+    with convgrad.config(isa=isa, algo="native", threads=2):
+        lib = native.engine().lib
+        try:
+            for bit in (0, 512, 0):
+                lib.cg_engine_set_dbg(bit)
+                out = convgrad.conv_data_grad(w, dy, x.shape, **kw)
+                got.setdefault(bit, []).append(out.copy())
+                del out                         # (its memory back to the pool)
+        finally:
+            lib.cg_engine_set_dbg(0)
+    # (the first result is fresh memory; the others recycled, aligned channel rows)
+    assert decided[:3] == [False, True, True]
+    for outs in got.values():
+        for out in outs:
+            assert_close(out, want, np.float32)
+    np.testing.assert_array_equal(got[0][1], got[512][0])
+    np.testing.assert_array_equal(got[0][0], got[512][0])
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -524,7 +524,7 @@ def test_channels_first_results_stream_into_recycled_memory(isa, rng, monkeypatc
     as plain stores (engine debug bit 2048), equal to the reference; fresh results and
     misaligned channel rows keep plain stores."""
     from convgrad.kernels import _results
-    decided = recycled_results_and_decisions(monkeypatch, winograd, "_streams_channels")
+    decided = recycled_results_and_decisions(monkeypatch, _results, "streams_channels")
     for size, stream in ((128, True), (100, False)):        # 100 floats: rows not aligned
         case = geometry(1, n=2, c=24, o=16, size=size)
         x, w, dy = make_arrays(case, rng, np.float32, False)

@@ -162,3 +162,13 @@ def clear() -> None:
     with _lock:
         _idle.clear()
         _idle_bytes = 0
+
+
+def streams_channels(a: np.ndarray) -> bool:
+    """Whether a channels-first float32 result (an (N, *S, C) view whose channels are
+    the outermost axis after N) may take streaming stores for whole cache lines of a
+    channel's runs: a large result in recycled memory (:func:`recycled`), its base and
+    channel rows 64-byte aligned.  The kernels check each run's own alignment."""
+    return (a.dtype == np.float32 and a.ndim >= 3 and a.strides[-2] == 4
+            and a.strides[-1] % 64 == 0 and a.nbytes >= STREAM_MIN_BYTES
+            and address(a) % 64 == 0 and recycled(a))

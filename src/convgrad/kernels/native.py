@@ -73,8 +73,10 @@ CORR_ITEM_BYTES = 512 * 2**10
 CORR_OUT_BYTES = 1 * 2**20
 CORR_WEIGHT_BYTES = 256 * 2**10
 CORR_L1_WEIGHT_BYTES = 0        # (measured no gain yet; see docs/kernels.md)
-# buffered data gradients compute all w phases of a line in one item (corr_plan)
+# buffered data gradients compute all w phases of a line in one item, and all (h, w)
+# phases where the h phases have as many rows each (corr_plan)
 MERGE_W_PHASES = True
+MERGE_H_PHASES = True
 # float32 channels-first weight gradients of one group take cg_cfw_run (_cf_wgrad);
 # its dy panel: at most this many floats
 CF_WGRAD = True
@@ -145,7 +147,7 @@ class _Corr(ctypes.Structure):
                 ("wpk", ctypes.c_void_p), ("wg", _I64), ("wob", _I64), ("wt", _I64),
                 ("wc", _I64), ("ntap_w", _I64), ("nv", _I64), ("r", _I64),
                 ("ob_group", _I64), ("items", ctypes.c_void_p), ("stream", _I64),
-                ("wphases", _I64)]
+                ("wphases", _I64), ("hphases", _I64)]
 
 
 class _Pw(ctypes.Structure):
@@ -728,6 +730,7 @@ class CorrPlan:
     ob_group: int
     items: np.ndarray     # per item: phase, first line, end line, first and end block
     wphases: int = 1      # phases an item computes (see corr_plan)
+    hphases: int = 1      # of those, h phases (output rows per line)
 
 
 def _corr_taps(geom: ConvGeometry, kind: str):
@@ -784,6 +787,24 @@ def _w_phase_families(ph: np.ndarray, ostep) -> int:
     return sw if same and (fam[:, :, 2] == np.arange(sw)).all() else 1
 
 
+def _phase_families(ph: np.ndarray, ostep, merge_h: bool) -> tuple[int, int]:
+    """(phases, h phases) an item of a buffered data gradient computes: every (h, w)
+    phase of one d phase when the phases come as runs of them (h fastest but w) and
+    the h phases have as many rows each (then each line of the item is ``ostep[1]``
+    consecutive output rows), else the w phases of a (d, h) phase
+    (:func:`_w_phase_families`)."""
+    wf = _w_phase_families(ph, ostep)
+    sh, sw = int(ostep[1]), int(ostep[2])
+    size = sh * sw
+    if not merge_h or sh <= 1 or (sw > 1 and wf != sw) or len(ph) % size:
+        return wf, 1
+    fam = ph.reshape(-1, size, 8)
+    rh, rw = np.divmod(np.arange(size), sw)
+    same = ((fam[:, :, [0, 3, 4]] == fam[:, :1, [0, 3, 4]]).all()
+            and (fam[:, :, 1] == rh).all() and (fam[:, :, 2] == rw).all())
+    return (size, sh) if same else (wf, 1)
+
+
 @functools.lru_cache(maxsize=256)
 def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: int,
               packed: bool, out_buffered: bool, budgets: tuple) -> CorrPlan:
@@ -821,9 +842,11 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: i
     ob_ranges = ([(b, min(nob, b + ob_group)) for b in range(0, nob, ob_group)] if ob_split
                  else [(0, nob)])
     # a data gradient whose result is computed into line buffers (channels-first or
-    # 16-bit callers) takes the w phases of one (d, h) phase in one item: its buffer
-    # then holds whole output lines, stored once (engine.cpp: cg_corr_run)
-    wphases = _w_phase_families(ph, ostep) if out_buffered and MERGE_W_PHASES else 1
+    # 16-bit callers) takes the w phases of one (d, h) phase in one item, or all the
+    # (h, w) phases of a d phase: its buffer then holds whole output lines (rows),
+    # stored once (engine.cpp: cg_corr_run)
+    wphases, hphases = (_phase_families(ph, ostep, MERGE_H_PHASES)
+                        if out_buffered and MERGE_W_PHASES else (1, 1))
     items = []
     for k in range(0, len(ph), wphases):
         fam = ph[k:k + wphases]
@@ -843,7 +866,7 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, rmax_of: tuple, threads: i
     # their items follow each other (a thread finds those rows still in cache)
     items.sort(key=lambda it: (it[3], it[1], it[0]))
     plan = CorrPlan(n, lin, cin, cout, G, istep, ostep, ph, t4, ntap_w, nv, rmax_of[nv - 1],
-                    ob_group, _i64(items).reshape(-1, 5), wphases)
+                    ob_group, _i64(items).reshape(-1, 5), wphases, hphases)
     for a in (plan.phases, plan.taps, plan.items):
         a.setflags(write=False)
     return plan
@@ -1070,7 +1093,16 @@ def _corr_problem(plan: CorrPlan, inp: np.ndarray, out: np.ndarray, wpk: int, st
                  plan.n, (_I64 * 3)(*plan.lin), plan.cin, plan.cout, plan.groups,
                  (_I64 * 3)(*plan.istep), (_I64 * 3)(*plan.ostep), plan.phases.ctypes.data,
                  plan.taps.ctypes.data, wpk, *steps, plan.ntap_w, plan.nv, plan.rmax,
-                 plan.ob_group, plan.items.ctypes.data, int(stream), plan.wphases)
+                 plan.ob_group, plan.items.ctypes.data, int(stream), plan.wphases,
+                 plan.hphases)
+
+
+def _streams(out: np.ndarray) -> bool:
+    """Whether the corr kernel may write ``out`` with streaming stores: a channels-last
+    result (``_results.streams``; the kernel streams float32 tiles or converted lines) or
+    a channels-first float32 one (``_results.streams_channels``; the kernel streams the
+    channel runs of its line buffers that fill whole cache lines)."""
+    return _results.streams(out) or _results.streams_channels(out)
 
 
 def _corr(eng: Engine, plan: CorrPlan, inp: np.ndarray, out: np.ndarray, weights,
@@ -1140,7 +1172,7 @@ def _corr_into(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray, geom:
         # (a recomputation of a few lines reads its input in place)
         inp = _stationary_input(inp, geom, kind, eng.vl)
     # (decided on the result itself: the flattened views below hide its memory's origin)
-    stream = lines is None and _results.streams(out)
+    stream = lines is None and _streams(out)
     if (lines is None and not (_is_packed(inp) or _is_packed(out))
             and geom.in_sizes[-1] < CORR_FLAT_BELOW):
         geom, (inp_f, out_f) = _pointwise(geom, inp, out)
@@ -1230,7 +1262,7 @@ def _bind_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
     per = _pool.scratch_bytes(need)
     corr = _bound.runner(lib, _bound.task_table(
         lib, "cg_corr_run_shared", [(pp, counter.ctypes.data, n_items)] * n), n, per)
-    streams, thread_scratch = _results.streams, _pool.thread_scratch
+    streams, thread_scratch = _streams, _pool.thread_scratch
 
     def run(w, inp):
         out = alloc()

@@ -466,17 +466,7 @@ def _problem(plan: CorrPlan, inp: np.ndarray, w: np.ndarray, out: np.ndarray, U,
                  _tile_geom(plan), U.ctypes.data if U is not None else None,
                  w3.ctypes.data, native.DTYPE_CODES[w3.dtype], w3.strides[0] // es, wsa, wsb,
                  og * so, int(plan.flip), plan.cpad, plan.nv, None, 0, 0, 0, 0,
-                 plan.items.ctypes.data, bad.ctypes.data, int(_streams_channels(out)))
-
-
-def _streams_channels(out: np.ndarray) -> bool:
-    """Whether a channels-first float32 result (an (N, *S, C) view whose channels are
-    the outermost axis after N) may take streaming stores for whole cache lines of a
-    channel's runs: a large result in recycled memory (``_results.recycled``), its base
-    and channel rows 64-byte aligned."""
-    return (out.dtype == np.float32 and out.ndim >= 3 and out.strides[-2] == 4
-            and out.strides[-1] % 64 == 0 and out.nbytes >= _results.STREAM_MIN_BYTES
-            and out.ctypes.data % 64 == 0 and _results.recycled(out))
+                 plan.items.ctypes.data, bad.ctypes.data, int(_results.streams_channels(out)))
 
 
 # 16-bit weights: converted to a float32 copy once per call (True), or read in place by
@@ -587,7 +577,8 @@ def _bind_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
     U = scratch("winograd-U", (u_floats,), np.float32, zero=False) if tiles else None
     prob = _problem(plan, inp, w, out, U, bad)
     pp = ctypes.addressof(prob)
-    thread_scratch, streams, address = _pool.thread_scratch, _streams_channels, _bound.address
+    thread_scratch, streams, address = (_pool.thread_scratch, _results.streams_channels,
+                                         _bound.address)
 
     def items(first, count):
         """The runner of work items [first, first + count) and its scratch floats."""

@@ -189,7 +189,9 @@ struct CorrProblem {
                                // alignment; native.py: _results.streams)
     int64_t wphases;           // phases an item computes: 1, or (a buffered data gradient,
                                // see cg_corr_run) the os[2] consecutive phases of one
-                               // (rd, rh) -- its item's phase is the first of them
+                               // (rd, rh), or the os[1] * os[2] of one rd -- its item's
+                               // phase is the first of them
+    int64_t hphases;           // of those, h phases (output rows per line): 1 or os[1]
 };
 
 const char* cg_isa(void) { return CG_ISA_NAME; }
@@ -255,8 +257,9 @@ void item_line_keys(const CorrProblem* P, const int64_t* item, std::vector<int64
     keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
 }
 
-// Output pixels per line of an item's buffer: its phase's, or the whole output line
-// when the item computes all the w phases of a data gradient.
+// Output pixels per line of an item's buffer: its phase's, the whole output line when
+// the item computes all the w phases of a data gradient, or os[1] whole output rows
+// when it computes all the (h, w) phases.
 inline int64_t item_width(const CorrProblem* P, const int64_t* item) {
     int64_t w = 0;
     for (int64_t f = 0; f < P->wphases; f++) w += P->phases[8 * (item[0] + f) + 5];
@@ -314,6 +317,10 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
     const bool stream = P->stream && !obuf && NB * 4 % 64 == 0 && !(cg_engine_dbg & 1);
     // channels-last results of another dtype: each converted line streamed
     const bool stream_lines = P->stream && obuf && P->ostride[4] == 1 && !(cg_engine_dbg & 16384);
+    // float32 channels-first results: the channel runs that fill whole cache lines
+    // streamed (store_channel_runs checks each run)
+    const bool stream_runs = P->stream && obuf && P->ostride[4] != 1 && P->ostride[3] == 1 &&
+                             P->out_dtype == F32 && !(cg_engine_dbg & 512);
 
     std::vector<int64_t> keys;
     std::vector<LineTaps> lines;
@@ -335,12 +342,18 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
         // an item of several w phases (a buffered data gradient) computes whole output
         // lines into its buffer, the phases' pixels interleaved there, and stores each
         // line once: stored phase by phase, every output line of an NCX caller was
-        // written a few floats of every cache line at a time, once per phase
+        // written a few floats of every cache line at a time, once per phase.  An item
+        // of every (h, w) phase of an rd computes os[1] consecutive output rows per
+        // line: for an NCX caller each channel's rows of a line are then one run of
+        // whole cache lines (56 x 56 images at stride 2: 2 x 56 floats, 7 lines), which
+        // may be streamed, and the dy rows the h phases share are converted once
         const bool merged = P->wphases > 1;
-        const int64_t bw = item_width(P, item);        // pixels of a buffered line
+        const int64_t hph = std::max<int64_t>(1, P->hphases), wph = P->wphases / hph;
+        const int64_t bw = item_width(P, item) / hph;  // pixels of a buffered row
         const int64_t* ph0 = P->phases + 8 * item[0];
         for (int64_t f = 0; f < P->wphases; f++) {
             const int64_t* ph = ph0 + 8 * f;
+            const int64_t hrow = f / wph;              // the phase's row in the buffer
             const int64_t ord = ph[0], orh = ph[1], orw = ph[2];
             const int64_t Uw = ph[5];
             const int64_t tb = ph[6], te = ph[7], nt = te - tb;
@@ -360,7 +373,7 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                 decode_line(ph, item[1] + li, n, ud, uh);
                 LineTaps& L = lines[li];
                 L.n = n, L.ud = ud, L.uh = uh;
-                L.out = obuf ? outbuf + (li * bw + (merged ? orw : 0)) * P->Cout
+                L.out = obuf ? outbuf + ((li * hph + hrow) * bw + (merged ? orw : 0)) * P->Cout
                              : (float*)P->out + n * P->ostride[0] +
                                    (ud * os[0] + ord) * P->ostride[1] +
                                    (uh * os[1] + orh) * P->ostride[2] + orw * P->ostride[3];
@@ -472,18 +485,21 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
             }
         }
         if (obuf) {
-            // [u][c] line buffers -> the output (its layout and dtype)
+            // [row][u][c] line buffers -> the output (its layout and dtype); a line's rows
+            // that follow each other in the output (hph of them) go as one run
             const int64_t ord = ph0[0], orh = ph0[1], orw = merged ? 0 : ph0[2];
-            const int64_t Uw = bw;
             const int64_t ropix = (merged ? 1 : os[2]) * P->ostride[3], rochan = P->ostride[4];
+            const bool one_run = hph > 1 && P->ostride[2] == bw * P->ostride[3];
+            const int64_t Uw = one_run ? hph * bw : bw, nrows = one_run ? 1 : hph;
             const int64_t es = P->out_dtype == F32 ? 4 : 2;
-            float tmp[64];
-            for (int64_t li = 0; li < nl; li++) {
+            for (int64_t lr = 0; lr < nl * nrows; lr++) {
+                const int64_t li = lr / nrows, hr = lr % nrows;
                 const LineTaps& L = lines[li];
-                const float* const lb = outbuf + li * bw * P->Cout;     // the line's buffer
+                const float* const lb = outbuf + (li * hph + hr) * bw * P->Cout;   // its buffer
                 char* dst = (char*)P->out +
                             es * (L.n * P->ostride[0] + (L.ud * os[0] + ord) * P->ostride[1] +
-                                  (L.uh * os[1] + orh) * P->ostride[2] + orw * P->ostride[3]);
+                                  (L.uh * os[1] + orh + hr) * P->ostride[2] +
+                                  orw * P->ostride[3]);
                 // the channels this item computed: blocks [item[3], item[4]) of each group
                 const int64_t c0 = std::min(cout_g, item[3] * NB);
                 const int64_t c1 = std::min(cout_g, item[4] * NB);
@@ -506,14 +522,14 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                             store_channel_runs(
                                 dst + es * (cb * rochan + u0 * ropix), P->out_dtype, ropix,
                                 rochan, [&](int64_t u) { return s + u * P->Cout; },
-                                std::min<int64_t>(64, Uw - u0), cn);
+                                std::min<int64_t>(64, Uw - u0), cn, stream_runs);
                         }
                     }
                 }
             }
         }
     }
-    if (stream || stream_lines) stream_fence();
+    if (stream || stream_lines || stream_runs) stream_fence();
 }
 
 void cg_corr_run_shared(const CorrProblem* P, int64_t* next, int64_t n, float* scratch) {
