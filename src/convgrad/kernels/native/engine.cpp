@@ -198,7 +198,8 @@ const char* cg_isa(void) { return CG_ISA_NAME; }
 int64_t cg_vector_floats(void) { return VL; }
 // Debug switches for A/B measurements, 0 in use.  Bits: 0 no streaming corr tiles; 6 one
 // corr call per output block; 7 winograd.cpp's lines convert every channel; 8 the weight
-// gradient's w taps in kw order, one tap a tile (cfwgrad.cpp too); 10 channels-first
+// gradient's w taps in kw order, one tap a tile (cfwgrad.cpp too); 9 no streaming
+// channels-first corr runs; 10 channels-first
 // float32 lines through a staging copy (common.h); 11 no streaming Winograd NCX results;
 // 12 no x-row prefetch in the GEMM tile, 13 never its far prefetch (tiles.h); 14 16-bit
 // result lines stored plainly; 15 no next-plane prefetch in the flat depthwise weight
