@@ -237,6 +237,35 @@ def test_grouped_results_stream_into_recycled_memory(isa, name, rng, monkeypatch
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("cg,og", [(2, 5), (5, 2)], ids=["spec-layer", "spec-transposed"])
+def test_pixels_of_half_vectors_store_as_eight_float_runs(isa, cg, og, rng):
+    """Channels-last float32 results of 8 lanes (the spec layer's 8 data-gradient
+    channels, 4 groups of 2; half a vector on AVX-512) go out as 8-float vectors a
+    pixel (grouped debug bit 128: a copy call per pixel): the same bits, equal to the
+    reference, for the forward and the data gradient."""
+    c = case(2, groups=4, cg=cg, og=og, size=23, k=3, s=2, pb=1, pe=1, n=1)
+    x, w, dy = make_arrays(c, rng, np.float32, True)
+    args = dict(strides=c["strides"], dilations=c["dilations"], pads_begin=c["pads_begin"],
+                groups=c["groups"])
+    x64, w64, dy64 = (np.asarray(a, np.float64) for a in (x, w, dy))
+    want = (naive.forward(x64, w64, c["out_sizes"], **args),
+            naive.dgrad(w64, dy64, c["in_sizes"], **args))
+    lib = native.engine().lib
+    got = {}
+    try:
+        for bit in (0, 128):
+            lib.cg_grouped_dbg(bit)
+            with convgrad.config(algo="grouped", isa=isa, threads=2):
+                got[bit] = (convgrad.conv_forward(x, w, **kwargs(c)),
+                            convgrad.conv_data_grad(w, dy, x.shape, **kwargs(c)))
+    finally:
+        lib.cg_grouped_dbg(0)
+    for a, b, ref in zip(got[0], got[128], want):
+        assert_close(a, ref, np.float32)
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_streamed_gradients_never_multiply_padding(isa):
     """The streaming depthwise kernels' edge pixels skip the taps that read padding: a
     NaN in dy where tap 0 reads x[-1] stays out of that tap's gradient, a NaN weight out

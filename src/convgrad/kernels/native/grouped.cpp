@@ -308,6 +308,11 @@ struct GroupedProblem {
 };
 
 int64_t cg_grouped_rmax(void) { return GR_RMAX; }
+// Debug switches (cg_grouped_dbg) for A/B measurements, 0 in use.  Bits: 0 no tiles; 1 no
+// result stores; 2 no tile prefetch; 3 no tile stores (line pieces at the end); 4 no
+// prefetch of packed sources; 5 no streamed line pieces (and no write prefetch in the
+// flat planes); 6 no prefetch of channels-last packed sources; 7 pixels of 8 lanes (less
+// than a vector) stored by a copy call each.
 int64_t cg_dbg = 0, cg_pf_hint = 3, cg_pf_dist = 1;
 void cg_grouped_pf(int64_t hint, int64_t dist) { cg_pf_hint = hint; cg_pf_dist = dist; }
 void cg_grouped_dbg(int64_t v) { cg_dbg = v; }
@@ -534,6 +539,7 @@ struct Runner {
     bool pf_packed = false;
     size_t pf_pos = 0, pf_per_tile = 8;
     int64_t tiles_last = 1, tiles_now = 0;
+    const Prefetch none_{};
 
     Runner(const GroupedProblem* P_, bool wg, float* scratch) : P(P_), wgrad(wg) {
         LP = P->nlv * VL;
@@ -692,6 +698,17 @@ struct Runner {
             }
             return;
         }
+        if (P->out_dtype == F32 && P->lanes % 8 == 0 && !(cg_dbg & 128)) {
+            // whole 8-float vectors a pixel: the same where the lanes are not whole
+            // vectors of the build (the spec layer's 8 channels on AVX-512)
+            for (int64_t i = 0; i < r; i++) {
+                float* d = (float*)line_dst + (u + i * step) * ps;
+                const float* s = obuf + (u + i * step) * LP;
+                for (int64_t v = 0; v < P->lanes; v += 8)
+                    *reinterpret_cast<v8u*>(d + v) = *reinterpret_cast<const v8u*>(s + v);
+            }
+            return;
+        }
         for (int64_t i = 0; i < r; i++)
             store_run(line_dst + es * (u + i * step) * ps, P->out_dtype, 1,
                       obuf + (u + i * step) * LP, P->lanes);
@@ -805,15 +822,18 @@ struct Runner {
                                 const Sweep* sv = sweeps.data() + runs[k];
                                 const int ns = (int)(runs[k + 1] - runs[k]);
                                 const int idx = (r - 1) * GR_NKMAX + (int)sv->nk - 1;
+                                // (by reference: a copy of the slice just stored, made
+                                // for each call, stalled on its store -- 10% of the
+                                // spec layer's data gradient)
+                                const Prefetch& pk = k == 0 ? pft : none_;
                                 if (wgrad) {
                                     wtab[idx](sv, ns, xoff, L,
                                               dyrow + (q * ostep_px + rw - u0) * dypix,
-                                              pdist * dypix, false, k == 0 ? pft : Prefetch());
+                                              pdist * dypix, false, pk);
                                 } else {
                                     ctab[idx](sv, ns, xoff, L,
                                               obuf + (q * ostep_px + rw - u0) * LP,
-                                              pdist * ostep_px * LP, k > 0,
-                                              k == 0 ? pft : Prefetch());
+                                              pdist * ostep_px * LP, k > 0, pk);
                                 }
                             }
                             if (!wgrad) put_pixels(line_dst, q * ostep_px + rw - u0, r, pdist * ostep_px);
