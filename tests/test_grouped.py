@@ -266,6 +266,39 @@ def test_pixels_of_half_vectors_store_as_eight_float_runs(isa, cg, og, rng):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("size", [23, 24])
+def test_pixels_of_half_vectors_stream_in_pairs(isa, size, rng, monkeypatch):
+    """A recycled channels-last float32 result of 8 lanes (the spec layer's data
+    gradient; half a vector on AVX-512) goes out a line piece at a time, pairs of pixels
+    in one streaming store (a line piece starting half a cache line in: its first pixel
+    plainly; 23-pixel rows start so every other row): the same bits as the tile stores
+    (grouped debug bit 256), equal to the reference."""
+    from convgrad.kernels import _results
+    recycled_results_and_decisions(monkeypatch)
+    c = case(2, groups=4, cg=2, og=5, size=size, k=3, s=2, pb=1, pe=1, n=2)
+    x, w, dy = make_arrays(c, rng, np.float32, True)
+    args = dict(strides=c["strides"], dilations=c["dilations"], pads_begin=c["pads_begin"],
+                groups=c["groups"])
+    want = naive.dgrad(np.asarray(w, np.float64), np.asarray(dy, np.float64), c["in_sizes"],
+                       **args)
+    lib = native.engine().lib
+    _results.clear()
+    got = {}
+    try:
+        for bit in (0, 256, 0, 256):
+            lib.cg_grouped_dbg(bit)
+            with convgrad.config(algo="grouped", isa=isa, threads=2):
+                dx = convgrad.conv_data_grad(w, dy, x.shape, **kwargs(c))
+            got.setdefault(bit, []).append(dx.copy())
+            del dx                          # (its memory back to the pool)
+    finally:
+        lib.cg_grouped_dbg(0)
+    for dx in got[0] + got[256]:
+        assert_close(dx, want, np.float32)
+    np.testing.assert_array_equal(got[0][1], got[256][1])
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_streamed_gradients_never_multiply_padding(isa):
     """The streaming depthwise kernels' edge pixels skip the taps that read padding: a
     NaN in dy where tap 0 reads x[-1] stays out of that tap's gradient, a NaN weight out

@@ -470,7 +470,7 @@ def _tables(pl: Plan, src: np.ndarray, dy: np.ndarray | None, out: np.ndarray | 
 def _streams_lines(out: np.ndarray) -> bool:
     """Whether the grouped corr may write ``out`` a line piece at a time with streaming
     stores (grouped.cpp: Runner::streams, which also wants float32 channels-last pixels of
-    whole lane vectors): a large result in recycled memory (its pages mapped; streaming
+    whole lane vectors, or of 8 lanes on AVX-512): a large result in recycled memory (its pages mapped; streaming
     stores past fresh pages measured slower).  Unaligned ends are stored plainly, so no
     stride needs to be a multiple of 64 bytes (the spec layer's pixels are 32)."""
     return out.nbytes >= _results.STREAM_MIN_BYTES and _results.recycled(out)

@@ -312,7 +312,7 @@ int64_t cg_grouped_rmax(void) { return GR_RMAX; }
 // result stores; 2 no tile prefetch; 3 no tile stores (line pieces at the end); 4 no
 // prefetch of packed sources; 5 no streamed line pieces (and no write prefetch in the
 // flat planes); 6 no prefetch of channels-last packed sources; 7 pixels of 8 lanes (less
-// than a vector) stored by a copy call each.
+// than a vector) stored by a copy call each; 8 pixels of 8 lanes never streamed.
 int64_t cg_dbg = 0, cg_pf_hint = 3, cg_pf_dist = 1;
 void cg_grouped_pf(int64_t hint, int64_t dist) { cg_pf_hint = hint; cg_pf_dist = dist; }
 void cg_grouped_dbg(int64_t v) { cg_dbg = v; }
@@ -512,6 +512,28 @@ void stream_run(float* dst, const float* src, int64_t n) {
     for (; i < n; i++) dst[i] = src[i];
 }
 
+// stream_run for pixels of 8 lanes in buffer rows of VL (16) floats: the 8 floats of
+// n pixels to dst, back to back; pairs of pixels as one vector with streaming stores
+// (the first pixel plainly where dst starts half a cache line in).
+void stream_half_pixels(float* dst, const float* src, int64_t n) {
+#if defined(CG_ISA_AVX512)
+    int64_t u = 0;
+    if (n > 0 && ((uintptr_t)dst & 63)) {
+        *reinterpret_cast<v8u*>(dst) = *reinterpret_cast<const v8u*>(src);
+        u = 1;
+    }
+    for (; u + 2 <= n; u += 2) {
+        const v8 a = *reinterpret_cast<const v8u*>(src + u * VL);
+        const v8 b = *reinterpret_cast<const v8u*>(src + (u + 1) * VL);
+        stream_store(dst + u * 8, __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9,
+                                                          10, 11, 12, 13, 14, 15));
+    }
+    if (u < n) *reinterpret_cast<v8u*>(dst + u * 8) = *reinterpret_cast<const v8u*>(src + u * VL);
+#else
+    (void)dst, (void)src, (void)n;
+#endif
+}
+
 // The state of one run over a range of items.
 struct Runner {
     const GroupedProblem* P;
@@ -575,7 +597,14 @@ struct Runner {
     // channels last, pixels of whole lanes back to back (one run per piece).
     bool streams() const {
         return !wgrad && P->stream && P->out_dtype == F32 && P->ostride[4] == 1 &&
-               P->ostride[3] == P->lanes && P->nlv * VL == P->lanes && !(cg_dbg & 32);
+               P->ostride[3] == P->lanes && (P->nlv * VL == P->lanes || half_pixels()) &&
+               !(cg_dbg & 32);
+    }
+
+    // Pixels of 8 lanes in buffer rows of one AVX-512 vector (the spec layer's data
+    // gradient), streamed in pairs (stream_half_pixels).
+    bool half_pixels() const {
+        return VL == 16 && P->nlv == 1 && P->lanes == 8 && !(cg_dbg & 256);
     }
 
     // The source row (n, d, h) at source w index i0 of the chunk's window.
@@ -842,8 +871,10 @@ struct Runner {
                     }
                 }
             }
-            if (!wgrad && streams() && !(cg_dbg & 2))
-                stream_run((float*)line_dst, obuf, (u1 - u0) * LP);
+            if (!wgrad && streams() && !(cg_dbg & 2)) {
+                if (LP == P->lanes) stream_run((float*)line_dst, obuf, (u1 - u0) * LP);
+                else stream_half_pixels((float*)line_dst, obuf, u1 - u0);
+            }
             else if (!wgrad && !tile_store && !(cg_dbg & 2))
                 store_pixels(line_dst, P->out_dtype, P->ostride[3], P->ostride[4], obuf, u1 - u0,
                              P->lanes, LP);
