@@ -267,16 +267,19 @@ def test_pixels_of_half_vectors_store_as_eight_float_runs(isa, cg, og, rng):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("size", [23, 24])
-def test_pixels_of_half_vectors_stream_in_pairs(isa, size, rng, monkeypatch):
-    """A recycled channels-last float32 result of 8 lanes (the spec layer's data
-    gradient; half a vector on AVX-512) goes out a line piece at a time, pairs of pixels
-    in one streaming store (a line piece starting half a cache line in: its first pixel
-    plainly; 23-pixel rows start so every other row): the same bits as the tile stores
-    (grouped debug bit 256), equal to the reference."""
+@pytest.mark.parametrize("dtype,bit", [(np.float32, 256), (np.float16, 512), (bfloat16, 512)],
+                         ids=["f32", "f16", "bf16"])
+def test_pixels_of_half_vectors_stream_in_pairs(isa, size, dtype, bit, rng, monkeypatch):
+    """A recycled channels-last result of 8 lanes (the spec layer's data gradient; half
+    a vector on AVX-512) goes out a line piece at a time with streaming stores: float32
+    pairs of pixels in one vector (a line piece starting half a cache line in: its first
+    pixel plainly; 23-pixel rows start so every other row), float16/bfloat16 packed
+    together and converted, whole cache lines streamed: the same bits as the tile stores
+    (grouped debug bit 256 / 512), equal to the reference."""
     from convgrad.kernels import _results
     recycled_results_and_decisions(monkeypatch)
     c = case(2, groups=4, cg=2, og=5, size=size, k=3, s=2, pb=1, pe=1, n=2)
-    x, w, dy = make_arrays(c, rng, np.float32, True)
+    x, w, dy = make_arrays(c, rng, dtype, True)
     args = dict(strides=c["strides"], dilations=c["dilations"], pads_begin=c["pads_begin"],
                 groups=c["groups"])
     want = naive.dgrad(np.asarray(w, np.float64), np.asarray(dy, np.float64), c["in_sizes"],
@@ -285,17 +288,18 @@ def test_pixels_of_half_vectors_stream_in_pairs(isa, size, rng, monkeypatch):
     _results.clear()
     got = {}
     try:
-        for bit in (0, 256, 0, 256):
-            lib.cg_grouped_dbg(bit)
+        for b in (0, bit, 0, bit):
+            lib.cg_grouped_dbg(b)
             with convgrad.config(algo="grouped", isa=isa, threads=2):
                 dx = convgrad.conv_data_grad(w, dy, x.shape, **kwargs(c))
-            got.setdefault(bit, []).append(dx.copy())
+            got.setdefault(b, []).append(dx.copy())
             del dx                          # (its memory back to the pool)
     finally:
         lib.cg_grouped_dbg(0)
-    for dx in got[0] + got[256]:
-        assert_close(dx, want, np.float32)
-    np.testing.assert_array_equal(got[0][1], got[256][1])
+    for dx in got[0] + got[bit]:
+        assert dx.dtype == dtype
+        assert_close(dx, want, dtype)
+    np.testing.assert_array_equal(got[0][1], got[bit][1])
 
 
 @pytest.mark.parametrize("isa", ISAS)

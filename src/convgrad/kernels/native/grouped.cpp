@@ -312,7 +312,8 @@ int64_t cg_grouped_rmax(void) { return GR_RMAX; }
 // result stores; 2 no tile prefetch; 3 no tile stores (line pieces at the end); 4 no
 // prefetch of packed sources; 5 no streamed line pieces (and no write prefetch in the
 // flat planes); 6 no prefetch of channels-last packed sources; 7 pixels of 8 lanes (less
-// than a vector) stored by a copy call each; 8 pixels of 8 lanes never streamed.
+// than a vector) stored by a copy call each; 8 pixels of 8 lanes never streamed; 9 16-bit
+// results never streamed.
 int64_t cg_dbg = 0, cg_pf_hint = 3, cg_pf_dist = 1;
 void cg_grouped_pf(int64_t hint, int64_t dist) { cg_pf_hint = hint; cg_pf_dist = dist; }
 void cg_grouped_dbg(int64_t v) { cg_dbg = v; }
@@ -596,9 +597,24 @@ struct Runner {
     // Whether results go out a line piece at a time with streaming stores: float32,
     // channels last, pixels of whole lanes back to back (one run per piece).
     bool streams() const {
-        return !wgrad && P->stream && P->out_dtype == F32 && P->ostride[4] == 1 &&
-               P->ostride[3] == P->lanes && (P->nlv * VL == P->lanes || half_pixels()) &&
-               !(cg_dbg & 32);
+        return !wgrad && P->stream && (P->out_dtype == F32 || !(cg_dbg & 512)) &&
+               P->ostride[4] == 1 && P->ostride[3] == P->lanes &&
+               (P->nlv * VL == P->lanes || half_pixels()) && !(cg_dbg & 32);
+    }
+
+    // A line piece of n pixels from the buffer to line_dst with streaming stores (the
+    // ends plainly): float32 as it is (pairs of 8-lane pixels joined), 16-bit converted
+    // (8-lane pixels first packed together in the buffer).
+    void stream_piece(char* line_dst, int64_t n) {
+        if (P->out_dtype == F32) {
+            if (LP == P->lanes) stream_run((float*)line_dst, obuf, n * LP);
+            else stream_half_pixels((float*)line_dst, obuf, n);
+            return;
+        }
+        if (LP != P->lanes)
+            for (int64_t u = 1; u < n; u++)   // (moving down: no pixel overwrites a later one)
+                *reinterpret_cast<v8u*>(obuf + u * 8) = *reinterpret_cast<const v8u*>(obuf + u * LP);
+        store_run_streamed_lines(line_dst, P->out_dtype, obuf, n * P->lanes);
     }
 
     // Pixels of 8 lanes in buffer rows of one AVX-512 vector (the spec layer's data
@@ -871,10 +887,8 @@ struct Runner {
                     }
                 }
             }
-            if (!wgrad && streams() && !(cg_dbg & 2)) {
-                if (LP == P->lanes) stream_run((float*)line_dst, obuf, (u1 - u0) * LP);
-                else stream_half_pixels((float*)line_dst, obuf, u1 - u0);
-            }
+            if (!wgrad && streams() && !(cg_dbg & 2))
+                stream_piece(line_dst, u1 - u0);
             else if (!wgrad && !tile_store && !(cg_dbg & 2))
                 store_pixels(line_dst, P->out_dtype, P->ostride[3], P->ostride[4], obuf, u1 - u0,
                              P->lanes, LP);

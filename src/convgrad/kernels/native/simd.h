@@ -455,6 +455,30 @@ static inline void store_run_streamed(void* dst, int64_t dtype, const float* src
     else stream_all(std::integral_constant<int64_t, BF16>{});
 }
 
+// store_run(dst, dtype, 1, src, n) with streaming stores for the whole cache lines in
+// the middle of the run (store_as), the ends plainly (the caller fences): a line piece
+// of a channels-last result that need not start on a line.
+static inline void store_run_streamed_lines(void* dst, int64_t dtype, const float* src,
+                                            int64_t n) {
+    const int64_t es = dtype == F32 ? 4 : 2, line = 64 / es;
+    int64_t head = (int64_t)((64 - (uintptr_t)dst % 64) % 64) / es;
+    if ((uintptr_t)dst % es != 0 || head + line > n) {
+        store_run(dst, dtype, 1, src, n);
+        return;
+    }
+    store_run(dst, dtype, 1, src, head);
+    const int64_t body = (n - head) / line * line;
+    auto stream_all = [&](auto dt) {
+        constexpr int64_t DT = decltype(dt)::value;
+        auto* d = (typename Elem<DT>::T*)dst + head;
+        for (int64_t i = 0; i < body; i += VL) store_as<DT, true>(d + i, load(src + head + i));
+    };
+    if (dtype == F32) stream_all(std::integral_constant<int64_t, F32>{});
+    else if (dtype == F16) stream_all(std::integral_constant<int64_t, F16>{});
+    else stream_all(std::integral_constant<int64_t, BF16>{});
+    store_run((char*)dst + es * (head + body), dtype, 1, src + head + body, n - head - body);
+}
+
 // Store cn <= 8 channels of un <= 64 pixels into a channels-first destination: pixel
 // u's cn floats are at row(u); channel c's run of un pixels goes to dst + c * cstride
 // elements, pixels pstride elements apart, in dtype.  Whole groups of 8 pixels x 8
