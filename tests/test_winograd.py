@@ -7,6 +7,7 @@ callers; NaN/Inf semantics equal to the direct engine's (D17); results independe
 the thread count (D19); the error bound the chooser keeps (D24) and the model behind
 it; the chooser and ``config(precision=...)``."""
 
+import dataclasses
 import math
 import os
 
@@ -661,3 +662,49 @@ def test_weight_gradients_with_few_tiles_stay_direct():
     assert kernels.select("wgrad", res5, np.float32).name == "native"
     u3 = make_geometry("t", **geometry(3, n=1, c=32, o=32, size=16))
     assert winograd.wgrad_tiles(u3) == 16 * 4 * 4
+
+
+@pytest.mark.parametrize("isa", native.info()["loaded"])
+@pytest.mark.parametrize("r,c,o,size", [(2, 96, 40, 8), (1, 96, 40, 40)], ids=["2d", "1d"])
+def test_channels_first_dy_transposed_once_where_channel_blocks_split(isa, r, c, o, size, rng,
+                                                                      monkeypatch):
+    """A float32 channels-first weight gradient whose items split the input channels
+    (each dy line converted once per channel block; small budgets force the split here)
+    transposes dy once into channels-last scratch: the same bits as converting per item
+    (``DY_ONCE``), equal to the reference, the copy counted by the memory estimate; a
+    channels-last dy is read in place, and a plan of one channel block converts per item."""
+    monkeypatch.setattr(winograd, "PARTIALS_BYTES", 0)         # no partial-sum mode
+    monkeypatch.setattr(winograd, "WGRAD_BOX_BYTES", 2**16)    # boxes of few channels
+    case = geometry(r, n=2, c=c, o=o, size=size)
+    kw = attrs(case)
+    decided = []
+    real = winograd._dy_once
+    monkeypatch.setattr(winograd, "_dy_once", lambda *a: decided.append(real(*a)) or decided[-1])
+    x, w, dy = make_arrays(case, rng, np.float32, False)            # NCX memory
+    want = reference_results(case, x, w, dy)[1]
+    got = []
+    for once in (True, False):
+        monkeypatch.setattr(winograd, "DY_ONCE", once)
+        with convgrad.config(isa=isa, algo="winograd", threads=2):
+            got.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
+        assert_close(got[-1], want, np.float32)
+    np.testing.assert_array_equal(got[0], got[1])
+    assert decided[0] is True and decided[-1] is False
+    # the estimate: the copy for a channels-first dy, none for a channels-last one
+    geom = make_geometry("t", **case)
+    monkeypatch.setattr(winograd, "DY_ONCE", True)
+    parts = {}
+    for layouts in (("ncx",), ("nxc",)):
+        call = kernels.Call.assumed("wgrad", geom, np.float32)
+        call = dataclasses.replace(call, b=dataclasses.replace(call.b,
+                                                               layouts=frozenset(layouts)))
+        parts[layouts] = winograd.memory(call)
+    assert parts[("ncx",)]["dy transposed to channels last"] == dy.size * 4
+    assert "dy transposed to channels last" not in parts[("nxc",)]
+    # one channel block: dy converted per item, no copy
+    monkeypatch.undo()
+    monkeypatch.setattr(winograd, "_dy_once", lambda *a: decided.append(real(*a)) or decided[-1])
+    decided.clear()
+    with convgrad.config(isa=isa, algo="winograd", threads=2):
+        assert_close(convgrad.conv_weight_grad(x, dy, w.shape, **kw), want, np.float32)
+    assert decided == [False]

@@ -661,6 +661,32 @@ def bind(op: str):
     return native.corr_binder(op, _bind_corr) if op in ("fwd", "dgrad") else None
 
 
+# Weight gradients whose tasks split the input channels convert each line of a
+# channels-first dy once per channel block (ResNet-50 res4: 4 blocks of 64, each task
+# converting the half of dy its output blocks read): a float32 channels-first dy is then
+# transposed once per call into channels-last scratch and read in place (res4 NCX, 2
+# threads, 2026-11-26 evening: 6.35 -> 5.49 ms hot, 8.27 -> 7.65 after the pause).
+# Where each dy line is converted once anyway (DeepLab's one box, U-Net's 32 channels)
+# the copy measured level or worse, and is not made.
+DY_ONCE = True
+
+
+def _dy_once(plan: "WgradPlan", dy_channels_first: bool) -> bool:
+    """Whether a weight gradient transposes its float32 channels-first dy once into
+    channels-last scratch (``DY_ONCE``): the plan's items would convert each dy line
+    at least twice (several channel blocks over the same tiles and output blocks)."""
+    if not (DY_ONCE and dy_channels_first) or not len(plan.items):
+        return False
+    it = plan.items
+    same_dy = {tuple(r[:5]) + tuple(r[7:9]) for r in it.tolist()}
+    return len(it) >= 2 * len(same_dy)
+
+
+def _channels_first_float32(a: np.ndarray) -> bool:
+    """An (N, *S, C) float32 view whose channels are not its innermost axis."""
+    return a.dtype == np.float32 and a.shape[-1] > 1 and a.strides[-1] != a.itemsize
+
+
 def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
     """The Winograd weight gradient bound (``_bound``): plan, descriptor and task tables
     made once; a call patches x, dy, the result (every element stored: the finish step
@@ -674,7 +700,10 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
     threads = native._threads(geom.flops)
     m = tile_size(geom, "wgrad")
     plan = wgrad_plan(geom, eng.vl, m, _wgrad_budgets())
-    prob = _WinoWgrad(_source(x), _source(dy), G, _tile_geom(plan), plan.cpad, plan.nv,
+    # (the transposed dy: channels-last float32 strides, its address patched per call)
+    dy_once = _dy_once(plan, _channels_first_float32(dy))
+    dy_src = _dummy_source(geom.out_sizes, geom.o, False) if dy_once else _source(dy)
+    prob = _WinoWgrad(_source(x), dy_src, G, _tile_geom(plan), plan.cpad, plan.nv,
                       plan.items.ctypes.data)
     pp = ctypes.addressof(prob)
     table = native._i64([(t[0], t[1], *t[2:], 0, plan.box_floats, 0)
@@ -705,7 +734,12 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
     def run(x, dy):
         dw = empty(shape, np.float32)
         at = address(dw)
-        prob.x.t.ptr, prob.dy.t.ptr = address(x), address(dy)
+        dy_read = dy
+        if dy_once:
+            dy_read = native.permuted_copy(dy)
+            if dy_read is None:
+                dy_read = np.ascontiguousarray(dy)
+        prob.x.t.ptr, prob.dy.t.ptr = address(x), address(dy_read)
         table[:, -1] = at
         if plan.parts:
             sums = scratch("winograd-sums", (plan.parts, plan.box_floats), np.float32,
@@ -714,7 +748,7 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
             fin[6], fin[9] = address(sums), at
         buf, (base, _) = thread_scratch("native-pack", need, n)
         tasks(base)
-        del buf
+        del buf, dy_read
         if plan.parts:
             finish()
         if not np.isfinite(dw).all():
@@ -794,8 +828,9 @@ def _workspace(geom: ConvGeometry, op: str, packed_in: bool, buffered_out: bool,
 
 def memory(call) -> dict[str, int]:
     """The registry's memory estimate (kernels.Call): no input copies (inputs are read
-    in place or converted a block of lines at a time), the float32 result when the
-    caller keeps another, and :func:`workspace`."""
+    in place or converted a block of lines at a time) but a float32 channels-first dy
+    that a weight gradient transposes once (:func:`_dy_once`), the float32 result when
+    the caller keeps another, and :func:`workspace`."""
     from . import ROLES
     f32 = np.dtype(np.float32)
     parts = {}
@@ -810,6 +845,11 @@ def memory(call) -> dict[str, int]:
     if (call.out.dtype != f32 and not direct) or layout not in call.out.layouts:
         parts[f"{ROLES[call.op][2]} before the caller's copy"] = call.out.size * 4
     packed = any(t.dtype != f32 or "nxc" not in t.layouts for t in ins)
+    if call.op == "wgrad" and call.b.dtype == f32 and "nxc" not in call.b.layouts:
+        eng = native.engine()
+        plan = wgrad_plan(call.geom, eng.vl, tile_size(call.geom, "wgrad"), _wgrad_budgets())
+        if _dy_once(plan, True):
+            parts["dy transposed to channels last"] = call.b.size * 4
     buffered = call.op != "wgrad" and (layout != "nxc" or (direct and call.out.dtype != f32))
     weights = call.a if call.op == "dgrad" else call.b
     if call.op != "wgrad" and weights.dtype != f32 and FLOAT32_WEIGHTS_COPY:
