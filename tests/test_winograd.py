@@ -708,3 +708,69 @@ def test_channels_first_dy_transposed_once_where_channel_blocks_split(isa, r, c,
     with convgrad.config(isa=isa, algo="winograd", threads=2):
         assert_close(convgrad.conv_weight_grad(x, dy, w.shape, **kw), want, np.float32)
     assert decided == [False]
+
+
+@pytest.mark.parametrize("isa", native.info()["loaded"])
+@pytest.mark.parametrize("op", ["fwd", "dgrad"])
+def test_items_of_converted_inputs_stay_within_a_row_of_tiles(isa, op, rng, monkeypatch):
+    """A forward or data gradient whose input lines are converted (channels-first here)
+    cuts rows of tiles longer than an item into near-equal pieces, none crossing a row
+    (``ROW_ITEMS``); an input read in place keeps items of t tiles.  The results are
+    the same bits either way, equal to the reference."""
+    case = geometry(2, n=2, c=16, o=24, size=(9, 130))         # rows of 33 tiles
+    geom = make_geometry("t", **case)
+    eng = native.engine()
+    monkeypatch.setattr(winograd, "ITEM_TILES", 8)              # items of 8 tiles at most
+    winograd.corr_plan.cache_clear()              # (plans are cached: made afresh here)
+    plans = {c: winograd.corr_plan(geom, op, eng.vl, winograd._mr_of(eng), 4,
+                                   winograd._budgets(), c) for c in (True, False)}
+    row = len(plans[True].tiles_w) // 2
+    assert row == 33
+    for s0, s1 in plans[True].items[:, :2].tolist():
+        assert s0 // row == (s1 - 1) // row                     # within one row
+    assert any(s0 // row != (s1 - 1) // row for s0, s1 in plans[False].items[:, :2].tolist())
+    x, w, dy = make_arrays(case, rng, np.float32, False)       # NCX memory
+    want = reference_results(case, x, w, dy)
+    i = {"fwd": 0, "dgrad": 2}[op]
+    got = []
+    for rows in (True, False):
+        monkeypatch.setattr(winograd, "ROW_ITEMS", rows)
+        winograd.corr_plan.cache_clear()                        # (plans are cached)
+        with convgrad.config(isa=isa, algo="winograd", threads=2):
+            got.append(three(case, x, w, dy)[i])
+        assert_close(got[-1], want[i], np.float32)
+    winograd.corr_plan.cache_clear()              # (none made with ROW_ITEMS off stays)
+    np.testing.assert_array_equal(got[0], got[1])
+
+
+@pytest.mark.parametrize("isa", native.info()["loaded"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["ncx", "nxc"])
+def test_weight_gradient_items_of_less_than_two_rows_stay_within_one(isa, channels_last, rng,
+                                                                     monkeypatch):
+    """A weight gradient whose items hold less than two rows of tiles cuts them at row
+    ends (``WGRAD_ROW_ITEMS``: one row an item, or near-equal pieces of a longer one),
+    whatever the input's layout: equal to the reference, as items across rows are (the
+    tiles' sums grouped otherwise: not the same bits), and the same bits on 1 and 3
+    threads."""
+    case = geometry(2, n=2, c=16, o=24, size=(9, 70))          # rows of 18 tiles
+    geom = make_geometry("t", **case)
+    eng = native.engine()
+    x, w, dy = make_arrays(case, rng, np.float32, channels_last)
+    want = reference_results(case, x, w, dy)[1]
+    got, crossing = [], []
+    for rows in (True, False):
+        monkeypatch.setattr(winograd, "WGRAD_ROW_ITEMS", rows)
+        monkeypatch.setattr(winograd, "WGRAD_ITEM_BYTES", 27 * 4 * 36 * 48)   # 27 tiles
+        winograd.wgrad_plan.cache_clear()                       # (plans are cached)
+        plan = winograd.wgrad_plan(geom, eng.vl, 4, winograd._wgrad_budgets())
+        row = len(plan.tiles_w) // 2
+        assert row == 18
+        crossing.append(any(s0 // row != (s1 - 1) // row
+                            for s0, s1 in plan.items[:, :2].tolist()))
+        for threads in (1, 3):
+            with convgrad.config(isa=isa, algo="winograd", threads=threads):
+                got.append(convgrad.conv_weight_grad(x, dy, w.shape, **attrs(case)))
+            assert_close(got[-1], want, np.float32)
+        np.testing.assert_array_equal(got[-2], got[-1])
+    winograd.wgrad_plan.cache_clear()             # (none made with the test's budgets stays)
+    assert crossing == [False, True]

@@ -357,8 +357,9 @@ def _corr_geometry(geom: ConvGeometry, kind: str):
 
 @functools.lru_cache(maxsize=256)
 def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
-              budgets: tuple) -> CorrPlan:
-    """The work decomposition of a Winograd forward / data gradient (pure, cached)."""
+              budgets: tuple, converted: bool = False) -> CorrPlan:
+    """The work decomposition of a Winograd forward / data gradient (pure, cached);
+    ``converted``: its input is converted line by line (:func:`_converted`)."""
     (item_v_bytes, item_tiles, shared_u, shared_v, item_planes, weights_tiles, half_l2,
      large_u_tiles) = budgets
     ax = axes(geom)
@@ -384,7 +385,8 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
         rowlen = (planes + kd - 1) * G * cpad
         t = max(mr, min(item_tiles, item_v_bytes // (4 * na * rowlen)) // mr * mr)
         for d0 in range(0, depth, planes):
-            for s0, s1 in _tile_blocks(per_plane, len(th) * len(tw), t):
+            for s0, s1 in _tile_blocks(per_plane, len(th) * len(tw), t,
+                                       len(tw) if converted and ROW_ITEMS else 0):
                 items.append((s0, s1, d0, min(depth, d0 + planes), 0, G * nob))
     else:
         regime = "weights"
@@ -414,14 +416,36 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
     return plan
 
 
-def _tile_blocks(per_plane: int, per_sample: int, t: int) -> list[tuple[int, int]]:
+# Items of a converted input (channels-first or, on the portable build, 16-bit) stay
+# within one row of tiles: an item converts its input lines over the w range of all its
+# tiles, so one of 13 tiles that ended a row of 16 and began the next converted two rows
+# of lines over the whole width (the 3-D U-Net NCX data gradient, 2 threads, separate
+# processes: 26.9 -> 21.6 ms after the pause, 26.0 -> 20.8 hot).  Inputs read in place
+# keep the items of t tiles (8-tile row pieces were 0.93x on the U-Net's NXC call).
+ROW_ITEMS = True
+# Weight-gradient items likewise, whatever the input: the 3-D U-Net's (items of 22 tiles
+# on rows of 16, x and dy lines converted or transformed over two rows) NCX 38.8 ->
+# 29.0 ms after the pause, NXC 23.0 -> 20.9 (separate processes).
+WGRAD_ROW_ITEMS = True
+
+
+def _tile_blocks(per_plane: int, per_sample: int, t: int, row: int = 0) -> list[tuple[int, int]]:
     """The tiles [0, per_plane) (samples of per_sample tiles) cut into work items of
     about t tiles.  Where a sample has t tiles or more, items do not cross samples: an
     item converts (float16, channels-first) the input lines of every sample it touches
     over the w range of all its tiles, so one straddling two 1-D samples converted both
-    whole lines (the TCN row: 1.8 times its input per call)."""
+    whole lines (the TCN row: 1.8 times its input per call).  With ``row`` (tiles per
+    row: :data:`ROW_ITEMS`, :data:`WGRAD_ROW_ITEMS`) and items of less than two rows,
+    items do not cross rows either: a row longer than t is cut into near-equal pieces,
+    one that t holds is one item (where t holds two rows or more, an item crossing a
+    row converts a small share twice: ResNet-50 res2's weight gradient, items of 56
+    tiles on rows of 14, measured 0.89x NCX in whole rows)."""
     if per_sample < t:
         return [(s0, min(per_plane, s0 + t)) for s0 in range(0, per_plane, t)]
+    if row and per_sample % row == 0 and t < 2 * row:
+        k = -(-row // t)
+        return [(r0 + row * i // k, r0 + row * (i + 1) // k)
+                for r0 in range(0, per_plane, row) for i in range(k)]
     k = -(-per_sample // t)
     return [(n0 + per_sample * i // k, n0 + per_sample * (i + 1) // k)
             for n0 in range(0, per_plane, per_sample) for i in range(k)]
@@ -436,6 +460,13 @@ def _budgets() -> tuple:
     w = settings.workspace_bytes()
     return (ITEM_V_BYTES, ITEM_TILES, min(SHARED_U_BYTES, w // 4), min(SHARED_V_BYTES, w // 4),
             ITEM_PLANES, WEIGHTS_ITEM_TILES, native.l2_bytes() // 2, LARGE_U_ITEM_TILES)
+
+
+def _converted(a: np.ndarray, isa: str) -> bool:
+    """Whether the kernels convert ``a``'s lines into scratch (winograd.cpp: in_place):
+    channels not innermost, or 16 bits on the portable build (the AVX-512 and AVX2
+    builds widen 16-bit channels-last lines in their loads)."""
+    return a.strides[-1] != a.itemsize or (a.dtype != np.float32 and isa == "generic")
 
 
 def _source(a: np.ndarray) -> _Source:
@@ -502,7 +533,7 @@ def _run_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
     threads = native._threads(geom.flops)
     m = tile_size(geom, kind)
     plan = corr_plan(geom, kind, eng.vl, eng.mr_of_wino if hasattr(eng, "mr_of_wino") else
-                     _mr_of(eng), m, _budgets())
+                     _mr_of(eng), m, _budgets(), _converted(inp, eng.isa))
     lines = out.shape[0] * math.prod(plan.lout[:2])
     bad = scratch("winograd-bad", (lines,), np.uint8, zero=True)
     nblk = len(plan.items) and int(plan.items[0, 5] if plan.regime == "tiles" else
@@ -565,7 +596,7 @@ def _bind_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
     threads = native._threads(geom.flops)
     m = tile_size(geom, kind)
     plan = corr_plan(geom, kind, eng.vl, eng.mr_of_wino if hasattr(eng, "mr_of_wino") else
-                     _mr_of(eng), m, _budgets())
+                     _mr_of(eng), m, _budgets(), _converted(inp, eng.isa))
     if not len(plan.items):
         return None
     if native._weights_2d(w).ctypes.data != w.ctypes.data:
@@ -804,16 +835,20 @@ def _workspace(geom: ConvGeometry, op: str, packed_in: bool, buffered_out: bool,
         if plan.parts:
             parts["partial sums"] = 4 * plan.parts * plan.box_floats
         return tuple(parts.items())
-    plan = corr_plan(geom, op, eng.vl, _mr_of(eng), m, budgets)
+    # (a packed input may still be read in place -- 16 bits on the AVX-512 / AVX2 builds
+    # -- and take the plan of an unconverted one: the larger of the two)
+    per = 0
+    for converted in sorted({packed_in, False}):
+        plan = corr_plan(geom, op, eng.vl, _mr_of(eng), m, budgets, converted)
+        out = _dummy_source(plan.lout, plan.cout, False)
+        prob = _Wino(_dummy_source(plan.lin, plan.cin, packed_in), None, out.t.stride,
+                     1 if buffered_out else 0, (_I64 * 3)(*plan.lout), plan.cout, plan.groups,
+                     _tile_geom(plan), 1 if plan.regime == "tiles" else None, None, 0, 0, 0, 0,
+                     0, 0, plan.cpad, plan.nv, None if plan.regime == "tiles" else 1, 0, 0, 0,
+                     0, plan.items.ctypes.data, None)
+        pp = ctypes.addressof(prob)
+        per = max(per, int(lib.cg_wino_scratch(pp, 0, len(plan.items))))
     lout_n = geom.n * math.prod(plan.lout[:2])
-    out = _dummy_source(plan.lout, plan.cout, False)
-    prob = _Wino(_dummy_source(plan.lin, plan.cin, packed_in), None, out.t.stride,
-                 1 if buffered_out else 0, (_I64 * 3)(*plan.lout), plan.cout, plan.groups,
-                 _tile_geom(plan), 1 if plan.regime == "tiles" else None, None, 0, 0, 0, 0, 0,
-                 0, plan.cpad, plan.nv, None if plan.regime == "tiles" else 1, 0, 0, 0, 0,
-                 plan.items.ctypes.data, None)
-    pp = ctypes.addressof(prob)
-    per = int(lib.cg_wino_scratch(pp, 0, len(plan.items)))
     parts = {"bad-line flags": lout_n}
     if plan.regime == "tiles":
         parts["transformed weights"] = 4 * plan.u_floats
@@ -979,7 +1014,8 @@ def wgrad_plan(geom: ConvGeometry, vl: int, m: int, budgets: tuple) -> WgradPlan
     per_tile = 4 * na * ((nd + kd - 1) * cw + nd * nobr * nb)
     t = int(max(8, min(per_plane, item_bytes // per_tile)))
     blocks = [(s0, s1, d0, min(depth, d0 + nd)) for d0 in range(0, depth, nd)
-              for s0, s1 in _tile_blocks(per_plane, len(th) * len(tw), t)]
+              for s0, s1 in _tile_blocks(per_plane, len(th) * len(tw), t,
+                                         len(tw) if WGRAD_ROW_ITEMS else 0)]
     items, tasks = [], []
     if parts_mode:
         # chunks of position blocks, every group in each
