@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import settings
+from ..layouts import contiguous
 from ..geometry import ConvGeometry
 from . import _bound, _pool, _results, native
 from ._blas import scratch
@@ -713,11 +714,6 @@ def _dy_once(plan: "WgradPlan", dy_channels_first: bool) -> bool:
     return len(it) >= 2 * len(same_dy)
 
 
-def _channels_first_float32(a: np.ndarray) -> bool:
-    """An (N, *S, C) float32 view whose channels are not its innermost axis."""
-    return a.dtype == np.float32 and a.shape[-1] > 1 and a.strides[-1] != a.itemsize
-
-
 def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
     """The Winograd weight gradient bound (``_bound``): plan, descriptor and task tables
     made once; a call patches x, dy, the result (every element stored: the finish step
@@ -732,7 +728,7 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
     m = tile_size(geom, "wgrad")
     plan = wgrad_plan(geom, eng.vl, m, _wgrad_budgets())
     # (the transposed dy: channels-last float32 strides, its address patched per call)
-    dy_once = _dy_once(plan, _channels_first_float32(dy))
+    dy_once = _dy_once(plan, native._channels_first(dy))
     dy_src = _dummy_source(geom.out_sizes, geom.o, False) if dy_once else _source(dy)
     prob = _WinoWgrad(_source(x), dy_src, G, _tile_geom(plan), plan.cpad, plan.nv,
                       plan.items.ctypes.data)
@@ -765,11 +761,7 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
     def run(x, dy):
         dw = empty(shape, np.float32)
         at = address(dw)
-        dy_read = dy
-        if dy_once:
-            dy_read = native.permuted_copy(dy)
-            if dy_read is None:
-                dy_read = np.ascontiguousarray(dy)
+        dy_read = contiguous(dy) if dy_once else dy
         prob.x.t.ptr, prob.dy.t.ptr = address(x), address(dy_read)
         table[:, -1] = at
         if plan.parts:

@@ -466,16 +466,9 @@ static inline void store_run_streamed_lines(void* dst, int64_t dtype, const floa
         store_run(dst, dtype, 1, src, n);
         return;
     }
+    const int64_t body = (n - head) / line * line;    // whole lines, starting on one
     store_run(dst, dtype, 1, src, head);
-    const int64_t body = (n - head) / line * line;
-    auto stream_all = [&](auto dt) {
-        constexpr int64_t DT = decltype(dt)::value;
-        auto* d = (typename Elem<DT>::T*)dst + head;
-        for (int64_t i = 0; i < body; i += VL) store_as<DT, true>(d + i, load(src + head + i));
-    };
-    if (dtype == F32) stream_all(std::integral_constant<int64_t, F32>{});
-    else if (dtype == F16) stream_all(std::integral_constant<int64_t, F16>{});
-    else stream_all(std::integral_constant<int64_t, BF16>{});
+    store_run_streamed((char*)dst + es * head, dtype, src + head, body);
     store_run((char*)dst + es * (head + body), dtype, 1, src + head + body, n - head - body);
 }
 
