@@ -974,6 +974,7 @@ def test_weight_gradients_split_by_outputs_are_the_same_on_any_grid(rng, monkeyp
     kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
     got, grids, real = [], [], native._wgrad_grid
     monkeypatch.setattr(native, "_wgrad_grid", lambda *a: grids.append(a) or real(*a))
+    monkeypatch.setattr(native, "WGRAD_OIX", False)     # (an OIX caller: see below)
     for grid, threads in ((True, 2), (False, 2), (True, 1), (True, 3)):
         monkeypatch.setattr(native, "WGRAD_GRID_TASKS", grid)
         grids.clear()
@@ -1154,3 +1155,97 @@ def test_channels_first_pointwise_samples_run_as_engine_tasks(isa, dtype, rng, m
     for k, i in ((0, 0), (1, 2)):
         np.testing.assert_array_equal(got[True][k], got[False][k])
         assert_close(got[True][k], want[i], dtype)
+
+
+# weight gradients split by outputs whose caller keeps OIX: tasks of every tap write
+# their part of the OIX result themselves (native._oix_tasks, cg_wgrad_run_shared)
+OIX_CASES = {
+    "2d": _geometry(2, c=40, o=100, size=9, k=3, pb=1, pe=1, n=3),
+    "1d-dilated": _geometry(1, c=24, o=70, size=40, k=3, d=4, pb=2, pe=5, n=2),
+    "3d": _geometry(3, c=12, o=48, size=5, k=2, pb=0, pe=1, n=2),
+    "strided": _geometry(2, c=30, o=70, size=11, k=4, s=2, pb=1, pe=2, n=2),
+}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", OIX_CASES)
+def test_weight_gradients_written_as_oix_are_the_permuted_ones(isa, name, rng, monkeypatch):
+    """The OIX result the tasks write themselves is bitwise the (*K, C, O) result
+    permuted afterwards (the same sums in the same order), on 1, 2 and 3 threads, the
+    bound and unbound calls, and equal to the reference; an XIO caller never gets it."""
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    monkeypatch.setattr(native, "PARTIALS_BYTES", 0)
+    case = OIX_CASES[name]
+    x, w, dy = make_arrays(case, rng, np.float32, True)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    parts, real = [], native._oix_tasks
+    monkeypatch.setattr(native, "_oix_tasks", lambda *a: parts.append(real(*a)[1]) or real(*a))
+    got = []
+    for oix, threads in ((False, 2), (True, 2), (True, 1), (True, 3)):
+        monkeypatch.setattr(native, "WGRAD_OIX", oix)
+        parts.clear()
+        with convgrad.config(algo="native", isa=isa, threads=threads):
+            for _ in range(2):                    # the second call runs bound
+                got.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
+                assert got[-1].flags.c_contiguous
+        assert parts and all(bool(p) == oix for p in parts)
+    assert_close(got[0], reference_results(case, x, w, dy)[1], np.float32)
+    for other in got[1:]:
+        np.testing.assert_array_equal(other, got[0])
+    # a caller keeping XIO (oneDNN Graph's default weights_format) gets the kernel's
+    # (*K, C, O) memory as it is
+    parts.clear()
+
+    def nxc(a):
+        return np.ascontiguousarray(np.moveaxis(a, 1, -1))
+    with convgrad.config(algo="native", isa=isa):
+        xio = convgrad.onednn.convolution_backward_weights(
+            nxc(x), nxc(dy), list(w.shape[2:]), strides=kw["strides"],
+            pads_begin=kw["pads_begin"], pads_end=kw["pads_end"], dilations=kw["dilations"])
+    assert parts and not any(parts)
+    np.testing.assert_array_equal(xio, np.moveaxis(np.moveaxis(got[0], 0, -1), 0, -2))
+
+
+def test_oix_tasks_take_every_tap_of_equal_block_ranges(monkeypatch):
+    """Each (tap, output block) in exactly one task, every task all taps, at least
+    WGRAD_TASKS_PER_THREAD a thread, parts within WGRAD_OIX_PART_BYTES (else none);
+    only for OIX callers, one group, inputs read in place."""
+    from convgrad.geometry import make_geometry
+    geom = make_geometry("test", **_geometry(2, c=512, o=512, size=7, k=3, n=8))
+    eng = native.engine()
+    plan, _ = native._wgrad_problem(eng, np.zeros((8, 7, 7, 512), np.float32),
+                                    np.zeros((8, 7, 7, 512), np.float32), geom, 2)
+    assert plan.split_outputs
+    tasks, part = native._oix_tasks(plan, geom, True, 2, eng.vl, "ncx")
+    seen = np.zeros((9, plan.nblocks), int)
+    for lo, hi, b0, b1, t0, t1 in tasks:
+        assert (lo, hi, t0, t1) == (0, len(plan.items), 0, 9)
+        seen[:, b0:b1] += 1
+        assert 9 * 512 * (b1 - b0) * plan.nv * eng.vl <= part
+    assert (seen == 1).all() and len(tasks) >= native.WGRAD_TASKS_PER_THREAD * 2
+    assert 4 * part <= native.WGRAD_OIX_PART_BYTES
+    assert native._oix_tasks(plan, geom, True, 2, eng.vl, "nxc") == ([], 0)
+    assert native._oix_tasks(plan, geom, True, 2, eng.vl, None) == ([], 0)
+    assert native._oix_tasks(plan, geom, False, 2, eng.vl, "ncx") == ([], 0)
+    monkeypatch.setattr(native, "WGRAD_OIX_PART_BYTES", 1024)
+    assert native._oix_tasks(plan, geom, True, 2, eng.vl, "ncx") == ([], 0)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_packed_x_panels_find_their_tiles_once_a_call(isa, rng, monkeypatch):
+    """pack_panel's tile starts computed once a call (engine debug bit 65536: per
+    position) give the same bits on the short-lines path with uneven channel tiles."""
+    lib = native.engine().lib
+    case = _geometry(2, c=40, o=50, size=7, k=3, pb=1, pe=1, n=3)
+    x, w, dy = make_arrays(case, rng, np.float32, True)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    got = []
+    try:
+        for bit in (0, 65536):
+            lib.cg_engine_set_dbg(bit)
+            with convgrad.config(algo="native", isa=isa):
+                got.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
+    finally:
+        lib.cg_engine_set_dbg(0)
+    np.testing.assert_array_equal(got[0], got[1])
+    assert_close(got[0], reference_results(case, x, w, dy)[1], np.float32)

@@ -59,9 +59,13 @@ class Prepared:
     cdt: np.dtype
     out_dtype: np.dtype | None
     whole: tuple[bool, bool]
+    # the one kernel layout the caller keeps the result in without a copy, if only one
+    # (told to kernels with ``result_layout``)
+    result_layout: str | None = None
 
     def run(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return run_kernel(self.kernel, a, b, self.geom, self.cdt, self.out_dtype, self.whole)
+        return run_kernel(self.kernel, a, b, self.geom, self.cdt, self.out_dtype, self.whole,
+                          self.result_layout)
 
 
 def prepare(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry, dtype: np.dtype,
@@ -76,7 +80,12 @@ def prepare(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry, dtype: 
     whole = (kernels.converted_whole(describe(kind, a, b, geom, cdt), "nxc")
              if kernel.layout == "nxc" and kernel.converts and not kernel.half_io
              else (False, False))
-    return Prepared(kernel, geom, cdt, out_dtype, whole)
+    return Prepared(kernel, geom, cdt, out_dtype, whole, _only_layout(call.out.layouts))
+
+
+def _only_layout(layouts: frozenset) -> str | None:
+    """The layout of ``layouts`` when it holds one only."""
+    return next(iter(layouts)) if len(layouts) == 1 else None
 
 
 def describe(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry, dtype,
@@ -116,12 +125,14 @@ def operand(t: np.ndarray, is_weights: bool) -> kernels.Operand:
 
 
 def run_kernel(kernel: kernels.Kernel, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
-               cdt: np.dtype, out_dtype=None, whole: tuple[bool, bool] | None = None
-               ) -> np.ndarray:
+               cdt: np.dtype, out_dtype=None, whole: tuple[bool, bool] | None = None,
+               result_layout: str | None = None) -> np.ndarray:
     """Run one kernel on canonical views, converting to and from its layout
     (``out_dtype``: a half_io kernel's result dtype, see :func:`compute`;
-    ``whole``: :func:`kernels.converted_whole` of the call, when known)."""
+    ``whole``: :func:`kernels.converted_whole` of the call, when known;
+    ``result_layout``: the layout the caller keeps, told to a kernel that takes it)."""
     kind = kernel.op
+    told = {"result_layout": result_layout} if kernel.result_layout and result_layout else {}
     if kernel.layout == "ncx":
         a, b = _in_compute_dtype(a, cdt), _in_compute_dtype(b, cdt)
         return kernel.fn(a, b, geom)
@@ -137,15 +148,15 @@ def run_kernel(kernel: kernels.Kernel, a: np.ndarray, b: np.ndarray, geom: ConvG
     elif kernel.half_io:
         # the kernel converts float16/bfloat16 blocks itself, and writes its
         # result in out_dtype when asked
-        out = kernel.fn(a, b, geom) if out_dtype is None else kernel.fn(
-            a, b, geom, out_dtype=out_dtype)
+        out = kernel.fn(a, b, geom, **told) if out_dtype is None else kernel.fn(
+            a, b, geom, out_dtype=out_dtype, **told)
         return from_nxc(out, kind == "wgrad")
     else:
         # float16 views: NumPy's float16 cast is slow wherever it happens (also
         # in a kernel's own copies); contiguous ones take the compiled one,
         # when their float32 copies fit in the budget (kernels.converted_whole)
         a, b = (_f16_to_f32(t) if w else t for t, w in zip((a, b), whole))
-    out = kernel.fn(a, b, geom)
+    out = kernel.fn(a, b, geom, **told)
     return from_nxc(out, kind == "wgrad")
 
 

@@ -125,6 +125,10 @@ class Kernel:
     # bind(a, b, geom, out_dtype) -> run(a, b) or None: the call's decisions kept for
     # new arrays of the same shapes, strides and dtypes (``_bound``); None: never binds
     bind: "Callable | None" = None
+    # fn and bind take ``result_layout=``: the one layout ("ncx", "nxc") the caller
+    # keeps the result in without a copy, when the result may come in its memory order
+    # (still seen in the kernel's layout)
+    result_layout: bool = False
 
 
 _REGISTRY: dict[str, list[Kernel]] = {op: [] for op in OPS}
@@ -328,7 +332,7 @@ def _register_builtin() -> None:
     for op in OPS:
         register(Kernel("native", op, getattr(native, op), native.supports, priority=40,
                         layout="nxc", converts=True, half_io=True, memory=native.memory,
-                        bind=native.bind(op)))
+                        bind=native.bind(op), result_layout=op == "wgrad"))
         register(Kernel("winograd", op, getattr(winograd, op), winograd.supports,
                         priority=35, layout="nxc", converts=True, half_io=True,
                         memory=winograd.memory, bind=winograd.bind(op)))

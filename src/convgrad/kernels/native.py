@@ -126,6 +126,12 @@ SUM_BLOCK = 4096
 # 1.18x, res5 1.02x, DeepLab 0.99x (alternating, 2026-11-26).
 WGRAD_GRID_TASKS = True
 WGRAD_TASKS_PER_THREAD = 4
+# wgrad split by outputs, one group, for a caller who keeps an OIX result: each task
+# sums its taps x output block range in scratch (at most this many bytes) and writes
+# it into the OIX result itself (_oix_part); otherwise the (*K, C, O) result is
+# permuted afterwards (layouts.contiguous).
+WGRAD_OIX = True
+WGRAD_OIX_PART_BYTES = 5 * 2**18
 
 
 class _Tensor(ctypes.Structure):
@@ -168,7 +174,7 @@ class _Wgrad(ctypes.Structure):
                 ("M", _I64 * 3), ("O", _I64), ("groups", _I64), ("K", _I64 * 3),
                 ("s", _I64 * 3), ("d", _I64 * 3), ("pb", _I64 * 3), ("nv", _I64),
                 ("chunk", _I64), ("line_min", _I64), ("direct_x", _I64),
-                ("items", ctypes.c_void_p)]
+                ("items", ctypes.c_void_p), ("oix", _I64), ("part", _I64)]
 
 
 class _PartsSum(ctypes.Structure):
@@ -473,6 +479,12 @@ def memory(call) -> dict[str, int]:
             if d.dtype != np.float32 or "nxc" not in d.layouts:
                 parts[f"{role} in float32 channels last"] = math.prod(d.shape) * 4
     parts.update(workspace(call.geom, call.op))
+    if call.op == "wgrad":
+        part = _oix_bytes(call)
+        if part:
+            if call.out.dtype == np.float32:
+                parts.pop("dw before the caller's copy", None)
+            parts["a task's part of the OIX result, per thread"] = part
     data_ops = {"fwd": (call.a,), "dgrad": (call.b,), "wgrad": (call.a, call.b)}[call.op]
     g = call.geom
     if (call.op == "wgrad" and CF_WGRAD and g.groups == 1 and not _plain_pointwise(g)
@@ -1283,7 +1295,8 @@ def bind(op: str):
     gradients on the caller's arrays, the wgrad kernel's weight gradients; None where
     another path runs."""
     if op == "wgrad":
-        return lambda x, dy, geom, out_dtype=None: _bind_wgrad(x, dy, geom)
+        return lambda x, dy, geom, out_dtype=None, result_layout=None: _bind_wgrad(
+            x, dy, geom, result_layout)
     return corr_binder(op, _bind_corr) if op in ("fwd", "dgrad") else None
 
 
@@ -1446,8 +1459,10 @@ def _cf_wgrad(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, dw
     del prob, buf, table
 
 
-def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
-    """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32."""
+def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout=None) -> np.ndarray:
+    """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32; with
+    ``result_layout="ncx"`` (a caller who keeps OIX) its memory may be OIX (the
+    returned array then a transposed view of it)."""
     eng = engine()
     G, cg = geom.groups, geom.c // geom.groups
     shape = (*geom.kernel, cg, geom.o)
@@ -1481,13 +1496,23 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
         return acc.T.reshape(shape)
     if not (_is_packed(x) or _is_packed(dy)):     # (converted lines stay short)
         geom, (x, dy) = _pointwise(geom, x, dy)
-    result = _results.empty(shape, np.float32)
-    dw = result.reshape(*geom.kernel, cg, geom.o)
     plan, prob = _wgrad_problem(eng, x, dy, geom, threads)
     nitems = len(plan.items)
     pp = ctypes.addressof(prob)
-
-    tasks = _wgrad_tasks(plan, geom, x, dy, threads)
+    oix_tasks, part = _oix_tasks(plan, geom, not (_is_packed(x) or _is_packed(dy)), threads,
+                                 eng.vl, result_layout)
+    tasks = oix_tasks or _wgrad_tasks(plan, geom, x, dy, threads)
+    if part:
+        oix = _results.empty((geom.o, cg, *geom.kernel), np.float32)
+        prob.oix, prob.part = 1, part
+        tasks_a = _i64([(*t, oix.ctypes.data) for t in tasks])
+        need = int(eng.lib.cg_wgrad_scratch(pp, 0, nitems))
+        _shared(eng, "cg_wgrad_run_shared", (pp,), (len(tasks), tasks_a.ctypes.data),
+                len(tasks), threads, need)
+        del prob
+        return oix.transpose(_OIX_AS_XIO[oix.ndim])
+    result = _results.empty(shape, np.float32)
+    dw = result.reshape(*geom.kernel, cg, geom.o)
     if plan.split_outputs or plan.chunks == 1:
         tasks = [(*t, dw.ctypes.data) for t in tasks]
     else:
@@ -1501,6 +1526,55 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
         _sum_parts(eng, parts, result, threads)
     del prob
     return result
+
+
+def _oix_bytes(call) -> int:
+    """The bytes of the parts of a weight gradient's OIX result its threads sum at once
+    where the wgrad kernel's tasks write it (:func:`_oix_tasks`); else 0."""
+    g = call.geom
+    if available() is not None or call.out.layouts != frozenset({"ncx"}):
+        return 0
+    cf = all(d.dtype == np.float32 and "nxc" not in d.layouts and "ncx" in d.layouts
+             for d in (call.a, call.b))
+    if (g.groups > 1 or (cf and CF_WGRAD and not _plain_pointwise(g) and _cf_wgrad_fits(g))):
+        return 0                                    # (the channels-first kernel runs)
+    in_place = all((d.dtype == np.float32 and "nxc" in d.layouts) or _small_wgrad_inputs(g)
+                   for d in (call.a, call.b))
+    eng, threads = engine(), _threads(g.flops)
+    budgets = _budgets(threads)
+    plan = wgrad_plan(g, eng.vl, eng.mr_of, (budgets[2], WGRAD_MIN_CHUNK, WGRAD_MAX_CHUNK,
+                                             WGRAD_CHUNKS, budgets[3]))
+    tasks, part = _oix_tasks(plan, g, in_place, threads, eng.vl, "ncx")
+    return 4 * part * min(threads, len(tasks))
+
+
+# an OIX array (O, C, *K) seen as (*K, C, O), by its rank
+_OIX_AS_XIO = {r: (*range(2, r), 1, 0) for r in range(3, 6)}
+
+
+def _oix_tasks(plan: WgradPlan, geom: ConvGeometry, in_place: bool, threads: int, vl: int,
+               result_layout) -> tuple[list[tuple], int]:
+    """The wgrad kernel's tasks where they write an OIX result themselves, and the floats
+    of the largest task's part (WGRAD_OIX: a caller who keeps OIX, one group, tasks
+    split by outputs, ``in_place``: x and dy read as they are): every tap of a range of
+    output blocks a task, so that each task
+    writes whole OIX rows, in as many ranges as the grid would take (at least
+    WGRAD_TASKS_PER_THREAD a thread) or more to keep a part within
+    WGRAD_OIX_PART_BYTES.  Else ([], 0)."""
+    ntap = math.prod(geom.kernel)
+    if not (WGRAD_OIX and result_layout == "ncx" and geom.groups == 1 and plan.split_outputs
+            and ntap >= 2 and in_place):
+        return [], 0
+    nblocks, nb = plan.nblocks, plan.nv * vl
+    target = min(WGRAD_TASKS_PER_THREAD * threads, nblocks)
+    q = next((q for q in range(target, nblocks + 1) if nblocks % q == 0
+              and 4 * ntap * geom.c * (nblocks // q) * nb <= WGRAD_OIX_PART_BYTES), 0)
+    if not q:
+        return [], 0
+    width = nblocks // q * nb
+    tasks = [(0, len(plan.items), b * nblocks // q, (b + 1) * nblocks // q, 0, ntap)
+             for b in range(q)]
+    return tasks, ntap * geom.c * width
 
 
 def _bind_sum_parts(lib, size: int, chunks: int, threads: int):
@@ -1639,7 +1713,7 @@ def _bind_pointwise_wgrad(x3: np.ndarray, dy3: np.ndarray, geom: ConvGeometry, s
     return _bound.guarded(run)
 
 
-def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
+def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout=None):
     """:func:`wgrad` bound (``_bound``) where it runs the wgrad kernel (not the
     channels-first or 1x1 paths): plan, descriptor, tasks and the partials' sum made
     once; a call makes the inputs' stationary copies where :func:`wgrad` makes them and
@@ -1672,7 +1746,14 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
     plan, prob = _wgrad_problem(eng, xs, dys, geom, threads)
     nitems = len(plan.items)
     pp = ctypes.addressof(prob)
-    tasks = _i64([(*t, 0) for t in _wgrad_tasks(plan, geom, xs, dys, threads)]).reshape(-1, 7)
+    oix_tasks, part = _oix_tasks(plan, geom, not (_is_packed(xs) or _is_packed(dys)), threads,
+                                 eng.vl, result_layout)
+    tasks = oix_tasks or _wgrad_tasks(plan, geom, xs, dys, threads)
+    if part:
+        prob.oix, prob.part = 1, part
+        shape = (geom.o, cg, *geom.kernel)
+    xio = _OIX_AS_XIO[len(shape)] if part else None
+    tasks = _i64([(*t, 0) for t in tasks]).reshape(-1, 7)
     size = math.prod(shape)
     partials = not (plan.split_outputs or plan.chunks == 1)
     offs = np.arange(len(tasks), dtype=np.int64) * (4 * size) if partials else 0
@@ -1706,7 +1787,7 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
         del buf
         if partials:
             add(at, address(result))
-        return result
+        return result if xio is None else result.transpose(xio)
     run.keep = (prob, tasks, counter, plan)
     bound = _bound.guarded(run)
     bound.partials, bound.copied = partials, copied        # (what the tests look at)

@@ -600,6 +600,13 @@ void pack_panel(float* out, const std::vector<Run>& runs, bool use_x, int64_t np
                 int64_t blo = 0, int64_t bhi = INT64_MAX) {
     const int64_t nblk = (per + width - 1) / width;
     const copy_fn full = copy_of(width);
+    // the blocks' first channels, found once a call: two divisions a block and
+    // position (tile_start) were 12% of ResNet-50 res5's weight gradient, whose x
+    // rows are packed per tap (engine debug bit 65536: per position, A/B)
+    std::vector<int64_t> starts(nblk + 1);
+    for (int64_t b = 0; b <= nblk; b++)
+        starts[b] = balanced ? tile_start(b, per, nblk) : std::min<int64_t>(per, b * width);
+    const bool per_position = cg_engine_dbg & 65536;
     int64_t p0 = 0;
     for (const Run& r : runs) {
         const float* src = use_x ? r.x : r.dy;
@@ -609,9 +616,12 @@ void pack_panel(float* out, const std::vector<Run>& runs, bool use_x, int64_t np
                 for (int64_t b = std::max<int64_t>(0, blo - g * nblk);
                      b < std::min<int64_t>(nblk, bhi - g * nblk); b++) {
                     float* o = out + ((g * nblk + b) * np + p0 + p) * width;
-                    const int64_t c0 = balanced ? tile_start(b, per, nblk) : b * width;
-                    const int64_t c1 = balanced ? tile_start(b + 1, per, nblk)
-                                                : std::min<int64_t>(per, c0 + width);
+                    int64_t c0 = starts[b], c1 = starts[b + 1];
+                    if (per_position) {
+                        c0 = balanced ? tile_start(b, per, nblk) : b * width;
+                        c1 = balanced ? tile_start(b + 1, per, nblk)
+                                      : std::min<int64_t>(per, c0 + width);
+                    }
                     const float* s = row + g * per + c0;
                     const int64_t m = c1 - c0;
                     if (m == width && full) {
@@ -642,6 +652,9 @@ struct WgradProblem {
     int64_t direct_x;          // read float32 x rows in place (else always pack them)
     const int64_t* items;      // per item: first and end output line, lines numbered
                                // (n * Md + ud) * Mh + uh
+    int64_t oix;               // one group: tasks sum into scratch and write their part
+                               // of an OIX result (O, C, *K) (cg_wgrad_run_shared)
+    int64_t part;              // floats of the largest task's part (oix)
 };
 
 int64_t cg_wgrad_mr(int64_t nv) { return nv >= 1 && nv <= 4 ? WG_MR[nv] : 0; }
@@ -655,9 +668,13 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
 // items [lo, hi) for the output blocks [oblo, obhi) and the taps [tlo, thi), shared by
 // the threads calling this at once through the atomic counter *next (see
 // cg_corr_run_shared); every task writes its own output, so who runs it does not matter.
-// A task first zeroes the part of its dw it adds into (taps x blocks).
+// A task first zeroes the part of its dw it adds into (taps x blocks); with P->oix its
+// address is the OIX result's, and it sums its part in scratch first.
 void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const int64_t* tasks,
                          float* scratch);
+
+void cg_permute(const void* src, void* dst, int64_t es, const int64_t* shape,
+                const int64_t* sstr, const int64_t* dstr, int64_t lo, int64_t hi);
 
 // out[i] = parts[0][i] + parts[1][i] + ... + parts[n - 1][i] (in that order, as NumPy's
 // add.reduce over the first axis sums) for i in [lo, hi): partial gradients (``stride``
@@ -692,9 +709,11 @@ constexpr int64_t WG_INPLACE_SWEEP = 256;
 //   32 and 64: 0.81-0.95x).  The tile prefetches these rows (gemm_tile).
 // * packed panels: blocks of channel tiles whose A panels fit in L2 are swept by
 //   every output block in turn (the B rows of one block stay in L1).
+// The tap's dw rows are ldw floats apart, column j of the gradient at dwt[j - col0].
 void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astripe,
-                const float* B, int64_t bstride, int64_t np, float* dwt, int64_t oblo,
-                int64_t obhi, int64_t nl = 1, int64_t aline = 0, int64_t bline = 0) {
+                const float* B, int64_t bstride, int64_t np, float* dwt, int64_t ldw,
+                int64_t col0, int64_t oblo, int64_t obhi, int64_t nl = 1, int64_t aline = 0,
+                int64_t bline = 0) {
     const int64_t G = P->groups, cg = P->C / G, og = P->O / G;
     const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
     const int64_t nob = (og + NB - 1) / NB, nct = (cg + mr - 1) / mr;
@@ -722,7 +741,7 @@ void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astr
                         const int nvalid = (int)std::min<int64_t>(bk * NB, og - ob * NB);
                         for (int i = 0; i < m; i++) {
                             ar[i] = a + i;
-                            cr[i] = dwt + (c0 + i) * P->O + g * og + ob * NB;
+                            cr[i] = dwt + ((c0 + i) * ldw + g * og + ob * NB - col0);
                         }
                         fns[(m - 1) * BMAX + (bk - 1)](
                             sp, sl, ar, lda, aline,
@@ -760,7 +779,7 @@ void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astr
                         float* cr[64];
                         for (int i = 0; i < m; i++) {
                             ar[i] = a + i;
-                            cr[i] = dwt + (c0 + i) * P->O + g * og + (ob + j) * NB;
+                            cr[i] = dwt + ((c0 + i) * ldw + g * og + (ob + j) * NB - col0);
                         }
                         fns[(m - 1) * BMAX + (bj - 1)](np, 1, ar, lda, 0, b + j * bstride,
                                                        bstride, 0, cr, nv_j);
@@ -775,12 +794,13 @@ void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astr
 }
 
 // Like wgrad_gemm, for explicit rows: row i reads x at arow[i] (channel offset of group
-// 0) and adds into the dw row crow[i] (column 0).  Used to fold the taps of one stride
+// 0) and adds into the dw row crow[i] (column j at crow[i][j - col0]).  Used to fold the taps of one stride
 // phase into one tile when a group has few input channels (ResNet's conv1: 3 channels x
 // 4 taps = 12 rows instead of 4 tiles of 3).
 void wgrad_gemm_rows(const WgradProblem* P, const float* const* arow, float* const* crow,
                      int64_t nrows, int64_t lda, const float* B, int64_t bstride, int64_t np,
-                     int64_t oblo, int64_t obhi, int64_t nl, int64_t aline, int64_t bline) {
+                     int64_t col0, int64_t oblo, int64_t obhi, int64_t nl, int64_t aline,
+                     int64_t bline) {
     const int64_t G = P->groups, cg = P->C / G, og = P->O / G;
     const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
     const int64_t nob = (og + NB - 1) / NB, ntiles = (nrows + mr - 1) / mr;
@@ -799,7 +819,7 @@ void wgrad_gemm_rows(const WgradProblem* P, const float* const* arow, float* con
                 const int nvalid = (int)std::min<int64_t>(bk * NB, og - ob * NB);
                 for (int i = 0; i < m; i++) {
                     ar[i] = arow[r0 + i] + g * cg;
-                    cr[i] = crow[r0 + i] + g * og + ob * NB;
+                    cr[i] = crow[r0 + i] + (g * og + ob * NB - col0);
                 }
                 fns[(m - 1) * BMAX + (bk - 1)](np, nl, ar, lda, aline,
                                                B + (g * nob + ob) * bstride, bstride, bline,
@@ -855,7 +875,8 @@ int64_t cg_wgrad_scratch(const WgradProblem* P, int64_t lo, int64_t hi) {
         if (!direct_f32(P->dy)) need += (item[1] - item[0]) * P->M[2] * P->O;
         lines = std::max(lines, need);
     }
-    return lines + (P->chunk + XHALO) * apad + 2 * P->chunk * bpad + 64;
+    return lines + (P->chunk + XHALO) * apad + 2 * P->chunk * bpad + 64 +
+           (P->oix ? (P->part + 15) / 16 * 16 : 0);
 }
 
 // Accumulate the items [lo, hi) into dw (*K, C/G, O) for the output-channel
@@ -868,8 +889,14 @@ int64_t cg_wgrad_scratch(const WgradProblem* P, int64_t lo, int64_t hi) {
 // chunks of several lines, x packed per tap (only the positions where the tap
 // reads the input).  Rows that are not float32 with unit channel stride are
 // first converted, one item's lines at a time.
-void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, int64_t obhi,
-                  int64_t tlo, int64_t thi, float* dw, float* scratch) {
+namespace {
+
+// cg_wgrad_run into dw rows ldw floats apart: tap t's channel c, column j at
+// dw[((t - t0) * cg + c) * ldw + j - col0] (a task's part of the gradient: its taps
+// [t0, ...) and columns [col0, ...)).
+void wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, int64_t obhi,
+               int64_t tlo, int64_t thi, float* dw, int64_t ldw, int64_t t0, int64_t col0,
+               float* scratch) {
     const int64_t G = P->groups, cg = P->C / G, og = P->O / G;
     const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
     const int64_t nob = (og + NB - 1) / NB, nct = (cg + mr - 1) / mr;
@@ -1031,12 +1058,13 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
                                                 for (int64_t c = 0; c < cg; c++, nr++) {
                                                     frow[nr] =
                                                         xa + (ca + gt.q - vlo) * xstep + c;
-                                                    fout[nr] = dw + (t * cg + c) * P->O;
+                                                    fout[nr] = dw + ((t - t0) * cg + c) * ldw;
                                                 }
                                             }
                                             wgrad_gemm_rows(P, frow, fout, nr, xstep,
                                                             Bl + (ca - w0) * NB, bstr, cb - ca,
-                                                            oblo, obhi, jh - jl, al, bline);
+                                                            col0, oblo, obhi, jh - jl, al,
+                                                            bline);
                                         }
                                         for (int j = 0; j < ng; j++) {
                                             const GroupTap& gt = gtaps[j];
@@ -1049,8 +1077,8 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
                                                 wgrad_gemm(P, xa + (run[0] + gt.q - vlo) * xstep,
                                                            xstep, 0, Bl + (run[0] - w0) * NB,
                                                            bstr, run[1] - run[0],
-                                                           dw + t * cg * P->O, oblo, obhi,
-                                                           jh - jl, al, bline);
+                                                           dw + (t - t0) * cg * ldw, ldw, col0,
+                                                           oblo, obhi, jh - jl, al, bline);
                                             }
                                         }
                                     };
@@ -1129,10 +1157,18 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
                     pack_panel(Btap, runs, false, np, ypix, G, og, NB, false, oblo, obhi);
                     B = Btap;
                 }
-                wgrad_gemm(P, A, mr, np * mr, B, np * NB, np, dw + t * cg * P->O, oblo, obhi);
+                wgrad_gemm(P, A, mr, np * mr, B, np * NB, np, dw + (t - t0) * cg * ldw, ldw,
+                           col0, oblo, obhi);
             }
         }
     }
+}
+
+}  // namespace
+
+void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, int64_t obhi,
+                  int64_t tlo, int64_t thi, float* dw, float* scratch) {
+    wgrad_run(P, lo, hi, oblo, obhi, tlo, thi, dw, P->O, 0, 0, scratch);
 }
 
 void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const int64_t* tasks,
@@ -1143,6 +1179,24 @@ void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const 
         const int64_t* t = tasks + 7 * k;
         float* dw = (float*)(intptr_t)t[6];
         const int64_t og = P->O / P->groups, cg = P->C / P->groups;
+        if (P->oix) {
+            // one group: the task's taps x channels x columns summed in scratch (in L2),
+            // then written into the OIX result as 16 x taps transposes (a whole
+            // (*K, C, O) gradient permuted afterwards was 0.75 ms hot, 1.7 ms after the
+            // benchmark's pause, of ResNet-50 res5's 7-10 ms channels-first call)
+            const int64_t NB = P->nv * VL, o0 = t[2] * NB, o1 = std::min(P->O, t[3] * NB);
+            const int64_t W = (t[3] - t[2]) * NB, nt = t[5] - t[4];
+            const int64_t T = P->K[0] * P->K[1] * P->K[2];
+            float* part = scratch;
+            std::memset(part, 0, sizeof(float) * nt * cg * W);
+            wgrad_run(P, t[0], t[1], t[2], t[3], t[4], t[5], part, W, t[4], o0,
+                      scratch + (P->part + 15) / 16 * 16);
+            const int64_t shape[5] = {1, 1, cg, o1 - o0, nt};
+            const int64_t sstr[5] = {0, 0, W, 1, cg * W};
+            const int64_t dstr[5] = {0, 0, T, cg * T, 1};
+            cg_permute(part, dw + o0 * cg * T + t[4], 4, shape, sstr, dstr, 0, cg);
+            continue;
+        }
         zero_blocks(dw + t[4] * cg * P->O, (t[5] - t[4]) * cg, P->O, og, P->nv * VL, t[2], t[3]);
         cg_wgrad_run(P, t[0], t[1], t[2], t[3], t[4], t[5], dw, scratch);
     }
