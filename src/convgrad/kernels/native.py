@@ -127,9 +127,10 @@ SUM_BLOCK = 4096
 WGRAD_GRID_TASKS = True
 WGRAD_TASKS_PER_THREAD = 4
 # wgrad split by outputs, one group, for a caller who keeps an OIX result: each task
-# sums its taps x output block range in scratch (at most this many bytes) and writes
-# it into the OIX result itself (_oix_part); otherwise the (*K, C, O) result is
-# permuted afterwards (layouts.contiguous).
+# sums every tap of a range of output blocks in scratch (at most this many bytes) and
+# writes it into the OIX result itself (_oix_tasks); otherwise the (*K, C, O) result
+# is permuted afterwards (layouts.contiguous).  ResNet-50 res5 NCX, 2 threads,
+# separate processes: 1.25-1.29x after the benchmark's pause (docs/kernels.md).
 WGRAD_OIX = True
 WGRAD_OIX_PART_BYTES = 5 * 2**18
 
@@ -1557,10 +1558,9 @@ def _oix_tasks(plan: WgradPlan, geom: ConvGeometry, in_place: bool, threads: int
     """The wgrad kernel's tasks where they write an OIX result themselves, and the floats
     of the largest task's part (WGRAD_OIX: a caller who keeps OIX, one group, tasks
     split by outputs, ``in_place``: x and dy read as they are): every tap of a range of
-    output blocks a task, so that each task
-    writes whole OIX rows, in as many ranges as the grid would take (at least
-    WGRAD_TASKS_PER_THREAD a thread) or more to keep a part within
-    WGRAD_OIX_PART_BYTES.  Else ([], 0)."""
+    output blocks a task, so that each task writes whole OIX rows; equal ranges, at
+    least WGRAD_TASKS_PER_THREAD a thread where the blocks allow, more where a part
+    would exceed WGRAD_OIX_PART_BYTES.  Else ([], 0)."""
     ntap = math.prod(geom.kernel)
     if not (WGRAD_OIX and result_layout == "ncx" and geom.groups == 1 and plan.split_outputs
             and ntap >= 2 and in_place):
