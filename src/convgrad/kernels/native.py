@@ -130,7 +130,12 @@ WGRAD_TASKS_PER_THREAD = 4
 # sums every tap of a range of output blocks in scratch (at most this many bytes) and
 # writes it into the OIX result itself (_oix_tasks); otherwise the (*K, C, O) result
 # is permuted afterwards (layouts.contiguous).  ResNet-50 res5 NCX, 2 threads,
-# separate processes: 1.25-1.29x after the benchmark's pause (docs/kernels.md).
+# separate processes: 1.25-1.29x after the benchmark's pause with parts of 1.13 MiB
+# (8 tasks), but 16 tasks of 0.56 MiB (each re-packing x) were 1.05-1.13x after the
+# pause and 0.82-0.89x hot: so the tasks are as many as the grid's (the fewest equal
+# ranges of at least WGRAD_TASKS_PER_THREAD a thread), and a part takes at most this
+# and at most 5/8 of a core's L2 (l2_bytes: 2 MiB here, 1 MiB on a Zen 4, where res5
+# keeps the permuted copy).
 WGRAD_OIX = True
 WGRAD_OIX_PART_BYTES = 5 * 2**18
 
@@ -1558,18 +1563,18 @@ def _oix_tasks(plan: WgradPlan, geom: ConvGeometry, in_place: bool, threads: int
     """The wgrad kernel's tasks where they write an OIX result themselves, and the floats
     of the largest task's part (WGRAD_OIX: a caller who keeps OIX, one group, tasks
     split by outputs, ``in_place``: x and dy read as they are): every tap of a range of
-    output blocks a task, so that each task writes whole OIX rows; equal ranges, at
-    least WGRAD_TASKS_PER_THREAD a thread where the blocks allow, more where a part
-    would exceed WGRAD_OIX_PART_BYTES.  Else ([], 0)."""
+    output blocks a task, so that each task writes whole OIX rows; the fewest equal
+    ranges of at least WGRAD_TASKS_PER_THREAD a thread where the blocks allow, whose
+    parts stay within WGRAD_OIX_PART_BYTES and 5/8 of the L2.  Else ([], 0)."""
     ntap = math.prod(geom.kernel)
     if not (WGRAD_OIX and result_layout == "ncx" and geom.groups == 1 and plan.split_outputs
             and ntap >= 2 and in_place):
         return [], 0
     nblocks, nb = plan.nblocks, plan.nv * vl
     target = min(WGRAD_TASKS_PER_THREAD * threads, nblocks)
-    q = next((q for q in range(target, nblocks + 1) if nblocks % q == 0
-              and 4 * ntap * geom.c * (nblocks // q) * nb <= WGRAD_OIX_PART_BYTES), 0)
-    if not q:
+    q = next(q for q in range(target, nblocks + 1) if nblocks % q == 0)
+    if 4 * ntap * geom.c * (nblocks // q) * nb > min(WGRAD_OIX_PART_BYTES,
+                                                      l2_bytes() * 5 // 8):
         return [], 0
     width = nblocks // q * nb
     tasks = [(0, len(plan.items), b * nblocks // q, (b + 1) * nblocks // q, 0, ntap)
