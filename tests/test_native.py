@@ -1253,3 +1253,49 @@ def test_packed_x_panels_find_their_tiles_once_a_call(isa, rng, monkeypatch):
         lib.cg_engine_set_dbg(0)
     np.testing.assert_array_equal(got[0], got[1])
     assert_close(got[0], reference_results(case, x, w, dy)[1], np.float32)
+
+
+FRESH_CASES = {
+    # lines shorter than WGRAD_LINE_MIN: x packed per tap, each tap's first sums stored
+    "short-lines-2d": _geometry(2, c=40, o=70, size=7, k=3, pb=1, pe=1, n=3),
+    # taps that read only padding: never stored, zeroed at the end of their task
+    "all-padding-taps": _geometry(1, c=5, o=70, size=4, k=5, d=3, pb=6, pe=6),
+    "short-lines-3d": _geometry(3, c=12, o=20, size=6, k=3, s=2),
+}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", FRESH_CASES)
+def test_weight_gradient_parts_stored_first_equal_zeroed_ones(isa, name, rng, monkeypatch):
+    """Tasks of gathered short lines store each tap's first sums instead of zeroing
+    their part first (engine debug bit 1048576: zero first): the same bits, whether the
+    tasks split the outputs (XIO and OIX results) or sum partial gradients, and equal to
+    the reference; taps that read no input come out zero."""
+    from convgrad.kernels import _blas
+    lib = native.engine().lib
+    case = FRESH_CASES[name]
+    x, w, dy = make_arrays(case, rng, np.float32, True)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    want = reference_results(case, x, w, dy)[1]
+    for partials in (0, native.PARTIALS_BYTES):
+        monkeypatch.setattr(native, "PARTIALS_BYTES", partials)
+        got = []
+        try:
+            for bit in (1048576, 0):
+                lib.cg_engine_set_dbg(bit)
+                kernels.clear_choices()
+                with convgrad.config(algo="native", isa=isa):
+                    for _ in range(2):
+                        # scratch and partials left dirty: parts stored first must not
+                        # keep any of it (the OIX parts live in the thread scratch)
+                        for key in ("native-pack", "native-partials"):
+                            _blas.scratch(key, (1 << 20,), np.float32, zero=False).fill(np.nan)
+                        got.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
+        finally:
+            lib.cg_engine_set_dbg(0)
+        for other in got[1:]:
+            np.testing.assert_array_equal(other, got[0])
+        assert_close(got[0], want, np.float32)
+    if name == "all-padding-taps":
+        assert (want[:, :, 0] == 0).all() and (got[-1][:, :, 0] == 0).all()

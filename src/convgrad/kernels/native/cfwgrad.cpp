@@ -106,7 +106,7 @@ void cg_cfw_run(const CfwProblem* P, int64_t k, float* scratch) {
                         fns[(m - 1) * BMAX + (bk - 1)](
                             std::min(pstep, np - p), std::min(lstep, nj - j), ar, P->s[2],
                             P->s[1] * P->xs[3], Bt + (b - b0) * bst + j * bw + p * NB, bst, bw,
-                            cr, nvalid);
+                            cr, nvalid, false);
                     }
                 b += bk;
             }

@@ -713,7 +713,7 @@ constexpr int64_t WG_INPLACE_SWEEP = 256;
 void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astripe,
                 const float* B, int64_t bstride, int64_t np, float* dwt, int64_t ldw,
                 int64_t col0, int64_t oblo, int64_t obhi, int64_t nl = 1, int64_t aline = 0,
-                int64_t bline = 0) {
+                int64_t bline = 0, bool set = false) {
     const int64_t G = P->groups, cg = P->C / G, og = P->O / G;
     const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
     const int64_t nob = (og + NB - 1) / NB, nct = (cg + mr - 1) / mr;
@@ -746,7 +746,7 @@ void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astr
                         fns[(m - 1) * BMAX + (bk - 1)](
                             sp, sl, ar, lda, aline,
                             B + (g * nob + ob) * bstride + l0 * bline + p0 * NB, bstride, bline,
-                            cr, nvalid);
+                            cr, nvalid, set);
                         k += bk;
                     }
                 }
@@ -782,7 +782,7 @@ void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astr
                             cr[i] = dwt + ((c0 + i) * ldw + g * og + (ob + j) * NB - col0);
                         }
                         fns[(m - 1) * BMAX + (bj - 1)](np, 1, ar, lda, 0, b + j * bstride,
-                                                       bstride, 0, cr, nv_j);
+                                                       bstride, 0, cr, nv_j, set);
                     }
                 }
                 k += bk;
@@ -823,7 +823,7 @@ void wgrad_gemm_rows(const WgradProblem* P, const float* const* arow, float* con
                 }
                 fns[(m - 1) * BMAX + (bk - 1)](np, nl, ar, lda, aline,
                                                B + (g * nob + ob) * bstride, bstride, bline,
-                                               cr, nvalid);
+                                               cr, nvalid, false);
                 ob += bk;
             }
         }
@@ -891,12 +891,19 @@ int64_t cg_wgrad_scratch(const WgradProblem* P, int64_t lo, int64_t hi) {
 // first converted, one item's lines at a time.
 namespace {
 
+// Whether wgrad_run cuts lines into chunks (else it gathers lines into chunks, x packed per
+// tap).
+inline bool wgrad_long_lines(const WgradProblem* P) {
+    const int64_t pc = std::max<int64_t>(1, P->chunk);
+    return P->M[2] >= pc || P->M[2] >= P->line_min;
+}
+
 // cg_wgrad_run into dw rows ldw floats apart: tap t's channel c, column j at
 // dw[((t - t0) * cg + c) * ldw + j - col0] (a task's part of the gradient: its taps
 // [t0, ...) and columns [col0, ...)).
 void wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, int64_t obhi,
                int64_t tlo, int64_t thi, float* dw, int64_t ldw, int64_t t0, int64_t col0,
-               float* scratch) {
+               float* scratch, bool fresh = false) {
     const int64_t G = P->groups, cg = P->C / G, og = P->O / G;
     const int nv = (int)P->nv, NB = nv * VL, mr = WG_MR[nv];
     const int64_t nob = (og + NB - 1) / NB, nct = (cg + mr - 1) / mr;
@@ -905,9 +912,12 @@ void wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, int6
     const int64_t sw = P->s[2], dwl = P->d[2], pbw = P->pb[2], Kw = P->K[2];
     const int64_t apad = G * nct * mr, bpad = G * nob * NB;
     const int64_t ntap = P->K[0] * P->K[1] * Kw;
-    const bool long_lines = Mw >= pc || Mw >= P->line_min;
+    const bool long_lines = wgrad_long_lines(P);
     const bool xconv = !direct_f32(P->x) || !P->direct_x, yconv = !direct_f32(P->dy);
     const int64_t xpix = xconv ? P->C : P->x.stride[3];
+    // fresh (short lines only): dw's part is not zeroed; a tap's first sums are stored,
+    // taps that read no input are zeroed at the end
+    std::vector<char> written(fresh ? std::max<int64_t>(0, thi - tlo) : 0, 0);
     const int64_t ypix = yconv ? P->O : P->dy.stride[3];
     const int64_t xstep = xpix * sw;
 
@@ -1157,9 +1167,21 @@ void wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, int6
                     pack_panel(Btap, runs, false, np, ypix, G, og, NB, false, oblo, obhi);
                     B = Btap;
                 }
+                const bool set = fresh && !written[t - tlo];
+                if (fresh) written[t - tlo] = 1;
                 wgrad_gemm(P, A, mr, np * mr, B, np * NB, np, dw + (t - t0) * cg * ldw, ldw,
-                           col0, oblo, obhi);
+                           col0, oblo, obhi, 1, 0, 0, set);
             }
+        }
+    }
+    for (int64_t t = tlo; t < thi && fresh; t++) {
+        if (written[t - tlo]) continue;
+        for (int64_t b = oblo; b < obhi;) {
+            const int64_t g = b / nob, e = std::min(obhi, (g + 1) * nob);
+            const int64_t c0 = g * og + (b % nob) * NB, c1 = g * og + std::min(og, (e - g * nob) * NB);
+            for (int64_t c = 0; c < cg; c++)
+                std::memset(dw + ((t - t0) * cg + c) * ldw + (c0 - col0), 0, sizeof(float) * (c1 - c0));
+            b = e;
         }
     }
 }
@@ -1188,17 +1210,23 @@ void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const 
             const int64_t W = (t[3] - t[2]) * NB, nt = t[5] - t[4];
             const int64_t T = P->K[0] * P->K[1] * P->K[2];
             float* part = scratch;
-            std::memset(part, 0, sizeof(float) * nt * cg * W);
+            const bool fresh = !wgrad_long_lines(P) && !(cg_engine_dbg & 1048576);
+            if (!fresh) std::memset(part, 0, sizeof(float) * nt * cg * W);
             wgrad_run(P, t[0], t[1], t[2], t[3], t[4], t[5], part, W, t[4], o0,
-                      scratch + (P->part + 15) / 16 * 16);
+                      scratch + (P->part + 15) / 16 * 16, fresh);
             const int64_t shape[5] = {1, 1, cg, o1 - o0, nt};
             const int64_t sstr[5] = {0, 0, W, 1, cg * W};
             const int64_t dstr[5] = {0, 0, T, cg * T, 1};
             cg_permute(part, dw + o0 * cg * T + t[4], 4, shape, sstr, dstr, 0, cg);
             continue;
         }
-        zero_blocks(dw + t[4] * cg * P->O, (t[5] - t[4]) * cg, P->O, og, P->nv * VL, t[2], t[3]);
-        cg_wgrad_run(P, t[0], t[1], t[2], t[3], t[4], t[5], dw, scratch);
+        // lines gathered into chunks: each tap's first sums are stored (zeroing the part
+        // first was 5% of ResNet-50 res5's samples; engine debug bit 1048576: zero first)
+        const bool fresh = !wgrad_long_lines(P) && !(cg_engine_dbg & 1048576);
+        if (!fresh)
+            zero_blocks(dw + t[4] * cg * P->O, (t[5] - t[4]) * cg, P->O, og, P->nv * VL, t[2],
+                        t[3]);
+        wgrad_run(P, t[0], t[1], t[2], t[3], t[4], t[5], dw, P->O, 0, 0, scratch, fresh);
     }
 }
 
@@ -1325,7 +1353,7 @@ void cg_pw_run(const PwProblem* P, int64_t k, float* scratch) {
             }
             for (int64_t jb = 0; jb < nbb; jb++) {
                 for (int i = 0; i < m; i++) cr[i] = out + (i0 + i) * bpad + jb * NB;
-                fns[(m - 1) * BMAX](np, 1, ar, 1, 0, bk + jb * kc * NB, 0, 0, cr, NB);
+                fns[(m - 1) * BMAX](np, 1, ar, 1, 0, bk + jb * kc * NB, 0, 0, cr, NB, false);
             }
         }
     }

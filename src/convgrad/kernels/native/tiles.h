@@ -50,11 +50,13 @@ __attribute__((always_inline)) inline void gemm_position(vf (&acc)[MR][BK][NV], 
 // rows i and BK blocks k of B (B_k = B + k*bstride), over nl lines of np positions;
 // nvalid counts the valid columns of all blocks.  Row i reads A_i = a[i] (one input
 // channel of one tap: rows of a tile may come from different taps) and adds into
-// C_i = c[i].  Lines let one call sum the positions of several short output lines
-// (x rows a fixed distance apart) while its accumulators stay in registers.
+// C_i = c[i] (set: stores into C_i instead, the first sum of a weight gradient's part).
+// Lines let one call sum the positions of several short output lines (x rows a fixed
+// distance apart) while its accumulators stay in registers.
 template <int MR, int NV, int BK>
 void gemm_tile(int64_t np, int64_t nl, const float* const* a, int64_t lda, int64_t aline,
-               const float* B, int64_t bstride, int64_t bline, float* const* c, int nvalid) {
+               const float* B, int64_t bstride, int64_t bline, float* const* c, int nvalid,
+               bool set) {
     constexpr int NB = NV * VL;
     vf acc[MR][BK][NV];
     const float* A[MR];
@@ -147,7 +149,7 @@ void gemm_tile(int64_t np, int64_t nl, const float* const* a, int64_t lda, int64
 #pragma GCC unroll 8
                 for (int v = 0; v < NV; v++) {
                     float* d = c[i] + k * NB + v * VL;
-                    store(d, load(d) + acc[i][k][v]);
+                    store(d, set ? acc[i][k][v] : load(d) + acc[i][k][v]);
                 }
         return;
     }
@@ -156,13 +158,13 @@ void gemm_tile(int64_t np, int64_t nl, const float* const* a, int64_t lda, int64
             for (int v = 0; v < NV; v++) {
                 const int n = nvalid - k * NB - v * VL;
                 float* d = c[i] + k * NB + v * VL;
-                if (n >= VL) store(d, load(d) + acc[i][k][v]);
-                else if (n > 0) store_n(d, load_n(d, n) + acc[i][k][v], n);
+                if (n >= VL) store(d, set ? acc[i][k][v] : load(d) + acc[i][k][v]);
+                else if (n > 0) store_n(d, set ? acc[i][k][v] : load_n(d, n) + acc[i][k][v], n);
             }
 }
 
 typedef void (*gemm_fn)(int64_t, int64_t, const float* const*, int64_t, int64_t,
-                        const float*, int64_t, int64_t, float* const*, int);
+                        const float*, int64_t, int64_t, float* const*, int, bool);
 
 #if CG_VL == 16
 constexpr int WG_MR[5] = {0, 24, 14, 9, 6};

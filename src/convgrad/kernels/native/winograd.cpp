@@ -1248,7 +1248,7 @@ void wgrad_items(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox& box, fl
                         }
                         fns[(rows - 1) * BMAX + (bk - 1)](nd * nt, 1, ar, cw, 0,
                                                           Y + a * lay.ystride + (ob - I.ob0) * lay.bstride,
-                                                          lay.bstride, 0, cr, nvalid);
+                                                          lay.bstride, 0, cr, nvalid, false);
                         ob += bk;
                     }
                 }
