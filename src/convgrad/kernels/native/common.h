@@ -171,18 +171,21 @@ inline int64_t tile_start(int64_t k, int64_t n, int64_t tiles) { return k * n / 
 // before it does (by the thread that runs it: in parallel, and the lines are then in its
 // caches): ``rows`` rows of ``O`` floats (taps x input channels of a group), the columns
 // of output blocks [b0, b1) numbered over the groups (block b: group b / nob, columns
-// from (b % nob) * NB within the group's og).
+// from (b % nob) * NB within the group's og); with ``ld``, rows ld floats apart and
+// column j at row[j - col0] (a task's part in scratch).
 inline void zero_blocks(float* dw, int64_t rows, int64_t O, int64_t og, int64_t NB,
-                        int64_t b0, int64_t b1) {
+                        int64_t b0, int64_t b1, int64_t ld = -1, int64_t col0 = 0) {
     const int64_t nob = (og + NB - 1) / NB, G = O / og;
-    if (b0 <= 0 && b1 >= G * nob) {
+    if (ld < 0) ld = O;
+    if (b0 <= 0 && b1 >= G * nob && ld == O && col0 == 0) {
         std::memset(dw, 0, sizeof(float) * rows * O);
         return;
     }
     for (int64_t b = b0; b < b1;) {
         const int64_t g = b / nob, e = std::min(b1, (g + 1) * nob);
         const int64_t c0 = g * og + (b % nob) * NB, c1 = g * og + std::min(og, (e - g * nob) * NB);
-        for (int64_t r = 0; r < rows; r++) std::memset(dw + r * O + c0, 0, sizeof(float) * (c1 - c0));
+        for (int64_t r = 0; r < rows; r++)
+            std::memset(dw + r * ld + (c0 - col0), 0, sizeof(float) * (c1 - c0));
         b = e;
     }
 }

@@ -668,8 +668,9 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
 // items [lo, hi) for the output blocks [oblo, obhi) and the taps [tlo, thi), shared by
 // the threads calling this at once through the atomic counter *next (see
 // cg_corr_run_shared); every task writes its own output, so who runs it does not matter.
-// A task first zeroes the part of its dw it adds into (taps x blocks); with P->oix its
-// address is the OIX result's, and it sums its part in scratch first.
+// A task first zeroes the part of its dw it adds into (taps x blocks), or, gathering short
+// lines, stores each tap's first sums; with P->oix its address is the OIX result's, and
+// it sums its part in scratch first.
 void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const int64_t* tasks,
                          float* scratch);
 
@@ -794,9 +795,9 @@ void wgrad_gemm(const WgradProblem* P, const float* A, int64_t lda, int64_t astr
 }
 
 // Like wgrad_gemm, for explicit rows: row i reads x at arow[i] (channel offset of group
-// 0) and adds into the dw row crow[i] (column j at crow[i][j - col0]).  Used to fold the taps of one stride
-// phase into one tile when a group has few input channels (ResNet's conv1: 3 channels x
-// 4 taps = 12 rows instead of 4 tiles of 3).
+// 0) and adds into the dw row crow[i] (column j at crow[i][j - col0]).  Used to fold the
+// taps of one stride phase into one tile when a group has few input channels (ResNet's
+// conv1: 3 channels x 4 taps = 12 rows instead of 4 tiles of 3).
 void wgrad_gemm_rows(const WgradProblem* P, const float* const* arow, float* const* crow,
                      int64_t nrows, int64_t lda, const float* B, int64_t bstride, int64_t np,
                      int64_t col0, int64_t oblo, int64_t obhi, int64_t nl, int64_t aline,
@@ -1174,16 +1175,9 @@ void wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, int6
             }
         }
     }
-    for (int64_t t = tlo; t < thi && fresh; t++) {
-        if (written[t - tlo]) continue;
-        for (int64_t b = oblo; b < obhi;) {
-            const int64_t g = b / nob, e = std::min(obhi, (g + 1) * nob);
-            const int64_t c0 = g * og + (b % nob) * NB, c1 = g * og + std::min(og, (e - g * nob) * NB);
-            for (int64_t c = 0; c < cg; c++)
-                std::memset(dw + ((t - t0) * cg + c) * ldw + (c0 - col0), 0, sizeof(float) * (c1 - c0));
-            b = e;
-        }
-    }
+    for (int64_t t = tlo; t < thi && fresh; t++)
+        if (!written[t - tlo])
+            zero_blocks(dw + (t - t0) * cg * ldw, cg, P->O, og, NB, oblo, obhi, ldw, col0);
 }
 
 }  // namespace
