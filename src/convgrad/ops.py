@@ -83,6 +83,12 @@ def prepare(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry, dtype: 
     return Prepared(kernel, geom, cdt, out_dtype, whole, _only_layout(call.out.layouts))
 
 
+def told_layout(kernel: kernels.Kernel, result_layout: str | None) -> dict:
+    """The keyword a kernel that takes ``result_layout`` (``Kernel.result_layout``) gets
+    from its ``fn`` or ``bind`` call: none without one, or when the caller keeps more."""
+    return {"result_layout": result_layout} if kernel.result_layout and result_layout else {}
+
+
 def _only_layout(layouts: frozenset) -> str | None:
     """The layout of ``layouts`` when it holds one only."""
     return next(iter(layouts)) if len(layouts) == 1 else None
@@ -132,7 +138,7 @@ def run_kernel(kernel: kernels.Kernel, a: np.ndarray, b: np.ndarray, geom: ConvG
     ``whole``: :func:`kernels.converted_whole` of the call, when known;
     ``result_layout``: the layout the caller keeps, told to a kernel that takes it)."""
     kind = kernel.op
-    told = {"result_layout": result_layout} if kernel.result_layout and result_layout else {}
+    told = told_layout(kernel, result_layout)
     if kernel.layout == "ncx":
         a, b = _in_compute_dtype(a, cdt), _in_compute_dtype(b, cdt)
         return kernel.fn(a, b, geom)

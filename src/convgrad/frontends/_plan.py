@@ -189,9 +189,8 @@ def _fast_call(runner: _Runner, arrays: dict[str, np.ndarray]):
     if va is None or vb is None:
         return None
     with settings.workspace_fixed():
-        told = ({"result_layout": prepared.result_layout}
-                if kernel.result_layout and prepared.result_layout else {})
-        bound = kernel.bind(ka, kb, plan.geom, prepared.out_dtype, **told)
+        bound = kernel.bind(ka, kb, plan.geom, prepared.out_dtype,
+                            **ops.told_layout(kernel, prepared.result_layout))
     if bound is None:
         return None
     need, dtype, weights = runner.need, runner.dtype, plan.kind == "wgrad"

@@ -1509,20 +1509,14 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout=None)
                                  eng.vl, result_layout)
     tasks = oix_tasks or _wgrad_tasks(plan, geom, x, dy, threads)
     if part:
-        oix = _results.empty((geom.o, cg, *geom.kernel), np.float32)
         prob.oix, prob.part = 1, part
-        tasks_a = _i64([(*t, oix.ctypes.data) for t in tasks])
-        need = int(eng.lib.cg_wgrad_scratch(pp, 0, nitems))
-        _shared(eng, "cg_wgrad_run_shared", (pp,), (len(tasks), tasks_a.ctypes.data),
-                len(tasks), threads, need)
-        del prob
-        return oix.transpose(_OIX_AS_XIO[oix.ndim])
-    result = _results.empty(shape, np.float32)
-    dw = result.reshape(*geom.kernel, cg, geom.o)
-    if plan.split_outputs or plan.chunks == 1:
-        tasks = [(*t, dw.ctypes.data) for t in tasks]
+        result = _results.empty((geom.o, cg, *geom.kernel), np.float32)
     else:
-        parts = scratch("native-partials", (plan.chunks, dw.size), np.float32, zero=False)
+        result = _results.empty(shape, np.float32)
+    if plan.split_outputs or plan.chunks == 1:
+        tasks = [(*t, result.ctypes.data) for t in tasks]
+    else:
+        parts = scratch("native-partials", (plan.chunks, result.size), np.float32, zero=False)
         tasks = [(*t, parts[i].ctypes.data) for i, t in enumerate(tasks)]
     tasks_a = _i64(tasks)
     need = int(eng.lib.cg_wgrad_scratch(pp, 0, nitems))
@@ -1531,7 +1525,7 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout=None)
     if not plan.split_outputs and plan.chunks > 1:
         _sum_parts(eng, parts, result, threads)
     del prob
-    return result
+    return result.transpose(_OIX_AS_XIO[result.ndim]) if part else result
 
 
 def _oix_bytes(call) -> int:
@@ -1547,10 +1541,8 @@ def _oix_bytes(call) -> int:
     in_place = all((d.dtype == np.float32 and "nxc" in d.layouts) or _small_wgrad_inputs(g)
                    for d in (call.a, call.b))
     eng, threads = engine(), _threads(g.flops)
-    budgets = _budgets(threads)
-    plan = wgrad_plan(g, eng.vl, eng.mr_of, (budgets[2], WGRAD_MIN_CHUNK, WGRAD_MAX_CHUNK,
-                                             WGRAD_CHUNKS, budgets[3]))
-    tasks, part = _oix_tasks(plan, g, in_place, threads, eng.vl, "ncx")
+    tasks, part = _oix_tasks(_wgrad_plan_of(eng, g, threads), g, in_place, threads, eng.vl,
+                             "ncx")
     return 4 * part * min(threads, len(tasks))
 
 
@@ -1570,16 +1562,13 @@ def _oix_tasks(plan: WgradPlan, geom: ConvGeometry, in_place: bool, threads: int
     if not (WGRAD_OIX and result_layout == "ncx" and geom.groups == 1 and plan.split_outputs
             and ntap >= 2 and in_place):
         return [], 0
-    nblocks, nb = plan.nblocks, plan.nv * vl
-    target = min(WGRAD_TASKS_PER_THREAD * threads, nblocks)
-    q = next(q for q in range(target, nblocks + 1) if nblocks % q == 0)
-    if 4 * ntap * geom.c * (nblocks // q) * nb > min(WGRAD_OIX_PART_BYTES,
-                                                      l2_bytes() * 5 // 8):
+    # the grid of one row of every tap: its block ranges
+    tasks = [(0, len(plan.items), b0, b1, t0, t1)
+             for t0, t1, b0, b1 in _wgrad_grid(ntap, ntap, plan.nblocks, threads)]
+    part = ntap * geom.c * max(b1 - b0 for _, _, b0, b1, _, _ in tasks) * plan.nv * vl
+    if 4 * part > min(WGRAD_OIX_PART_BYTES, l2_bytes() * 5 // 8):
         return [], 0
-    width = nblocks // q * nb
-    tasks = [(0, len(plan.items), b * nblocks // q, (b + 1) * nblocks // q, 0, ntap)
-             for b in range(q)]
-    return tasks, ntap * geom.c * width
+    return tasks, part
 
 
 def _bind_sum_parts(lib, size: int, chunks: int, threads: int):
@@ -1799,13 +1788,18 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout
     return bound
 
 
+def _wgrad_plan_of(eng: Engine, geom: ConvGeometry, threads: int) -> WgradPlan:
+    """:func:`wgrad_plan` of ``geom`` for this engine build and thread count."""
+    budgets = _budgets(threads)
+    return wgrad_plan(geom, eng.vl, eng.mr_of, (budgets[2], WGRAD_MIN_CHUNK, WGRAD_MAX_CHUNK,
+                                                WGRAD_CHUNKS, budgets[3]))
+
+
 def _wgrad_problem(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry,
                    threads: int) -> tuple:
     """The wgrad kernel's plan and descriptor of x and dy (the plan's items array is kept
     alive by the plan, which the caller keeps)."""
-    budgets = _budgets(threads)
-    plan = wgrad_plan(geom, eng.vl, eng.mr_of, (budgets[2], WGRAD_MIN_CHUNK, WGRAD_MAX_CHUNK,
-                                                WGRAD_CHUNKS, budgets[3]))
+    plan = _wgrad_plan_of(eng, geom, threads)
     k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
                       _pad3(geom.pads_begin, 0))
     l3, m3 = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)

@@ -1194,33 +1194,28 @@ void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const 
         if (k >= n) return;
         const int64_t* t = tasks + 7 * k;
         float* dw = (float*)(intptr_t)t[6];
-        const int64_t og = P->O / P->groups, cg = P->C / P->groups;
-        if (P->oix) {
-            // one group: the task's taps x channels x columns summed in scratch (in L2),
-            // then written into the OIX result as 16 x taps transposes (a whole
-            // (*K, C, O) gradient permuted afterwards was 0.75 ms hot, 1.7 ms after the
-            // benchmark's pause, of ResNet-50 res5's 7-10 ms channels-first call)
-            const int64_t NB = P->nv * VL, o0 = t[2] * NB, o1 = std::min(P->O, t[3] * NB);
-            const int64_t W = (t[3] - t[2]) * NB, nt = t[5] - t[4];
-            const int64_t T = P->K[0] * P->K[1] * P->K[2];
-            float* part = scratch;
-            const bool fresh = !wgrad_long_lines(P) && !(cg_engine_dbg & 1048576);
-            if (!fresh) std::memset(part, 0, sizeof(float) * nt * cg * W);
-            wgrad_run(P, t[0], t[1], t[2], t[3], t[4], t[5], part, W, t[4], o0,
-                      scratch + (P->part + 15) / 16 * 16, fresh);
-            const int64_t shape[5] = {1, 1, cg, o1 - o0, nt};
-            const int64_t sstr[5] = {0, 0, W, 1, cg * W};
-            const int64_t dstr[5] = {0, 0, T, cg * T, 1};
-            cg_permute(part, dw + o0 * cg * T + t[4], 4, shape, sstr, dstr, 0, cg);
-            continue;
-        }
+        const int64_t og = P->O / P->groups, cg = P->C / P->groups, NB = P->nv * VL;
         // lines gathered into chunks: each tap's first sums are stored (zeroing the part
         // first was 5% of ResNet-50 res5's samples; engine debug bit 1048576: zero first)
         const bool fresh = !wgrad_long_lines(P) && !(cg_engine_dbg & 1048576);
-        if (!fresh)
-            zero_blocks(dw + t[4] * cg * P->O, (t[5] - t[4]) * cg, P->O, og, P->nv * VL, t[2],
-                        t[3]);
-        wgrad_run(P, t[0], t[1], t[2], t[3], t[4], t[5], dw, P->O, 0, 0, scratch, fresh);
+        // P->oix (one group): the task's taps x channels x columns are summed in scratch
+        // (in L2), then written into the OIX result as 16 x taps transposes (a whole
+        // (*K, C, O) gradient permuted afterwards was 0.75 ms hot, 1.7 ms after the
+        // benchmark's pause, of ResNet-50 res5's 7-10 ms channels-first call); else
+        // into the task's rows of dw
+        const int64_t o0 = t[2] * NB, nt = t[5] - t[4];
+        const int64_t ld = P->oix ? (t[3] - t[2]) * NB : P->O, col0 = P->oix ? o0 : 0;
+        float* sums = P->oix ? scratch : dw + t[4] * cg * P->O;
+        if (!fresh) zero_blocks(sums, nt * cg, P->O, og, NB, t[2], t[3], ld, col0);
+        wgrad_run(P, t[0], t[1], t[2], t[3], t[4], t[5], sums, ld, t[4], col0,
+                  P->oix ? scratch + (P->part + 15) / 16 * 16 : scratch, fresh);
+        if (P->oix) {
+            const int64_t T = P->K[0] * P->K[1] * P->K[2], o1 = std::min(P->O, t[3] * NB);
+            const int64_t shape[5] = {1, 1, cg, o1 - o0, nt};
+            const int64_t sstr[5] = {0, 0, ld, 1, cg * ld};
+            const int64_t dstr[5] = {0, 0, T, cg * T, 1};
+            cg_permute(sums, dw + o0 * cg * T + t[4], 4, shape, sstr, dstr, 0, cg);
+        }
     }
 }
 
