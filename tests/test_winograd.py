@@ -142,13 +142,15 @@ def test_every_work_decomposition_agrees(rng, monkeypatch):
     with convgrad.config(algo="reference"):
         want = three(case, x, w, dy)
     eng = native.engine()
-    for shared_u, shared_v, partials, box in ((2**30, 2**30, 2**30, 2**30),
-                                              (0, 2**30, 0, 2**30), (0, 2**12, 0, 2**12)):
+    for shared_u, shared_v, partials, box, weights_tiles in (
+            (2**30, 2**30, 2**30, 2**30, 64), (0, 2**30, 0, 2**30, 64),
+            (0, 2**12, 0, 2**12, 64), (0, 2**12, 0, 2**12, 5)):
         monkeypatch.setattr(winograd, "SHARED_U_BYTES", shared_u)
         monkeypatch.setattr(winograd, "SHARED_V_BYTES", shared_v)
         monkeypatch.setattr(winograd, "PARTIALS_BYTES", partials)
         monkeypatch.setattr(winograd, "WGRAD_BOX_BYTES", box)
         monkeypatch.setattr(winograd, "ITEM_TILES", 7)
+        monkeypatch.setattr(winograd, "WEIGHTS_ITEM_TILES", weights_tiles)
         geom = make_geometry("t", **case)
         for op in ("fwd", "dgrad"):
             plan = winograd.corr_plan(geom, op, eng.vl, winograd._mr_of(eng), 4,
@@ -156,12 +158,41 @@ def test_every_work_decomposition_agrees(rng, monkeypatch):
             assert plan.regime == ("tiles" if shared_u else "weights")
             if not shared_u:
                 assert (len(plan.groups_of_tiles) > 1) == (shared_v < 2**20)
+                # each group's items, in order, cover all items; with 5-tile items the
+                # data gradient's short last group of tiles (16 of 64) has fewer items
+                bounds = [b for g in plan.group_items for b in g]
+                assert bounds[0] == 0 and bounds[-1] == len(plan.items)
+                assert all(a == b for a, b in zip(bounds[1:-1:2], bounds[2::2]))
+                sizes = {i1 - i0 for i0, i1 in plan.group_items}
+                if op == "dgrad":
+                    assert (len(sizes) > 1) == (weights_tiles == 5 and shared_v < 2**20)
         plan = winograd.wgrad_plan(geom, eng.vl, 4, winograd._wgrad_budgets())
         assert (plan.parts > 0) == (partials > 0)
         with convgrad.config(algo="winograd"):
             got = three(case, x, w, dy)
         for g, e in zip(got, want):
             assert_close(g, e, np.float32)
+
+
+def test_data_gradient_of_groups_of_tiles_with_unequal_items(rng):
+    """A data gradient whose transformed weights outgrow SHARED_U_BYTES, and whose 324
+    tiles a plane do not fit one group of transformed input (227 and 97 tiles: four and
+    two items per output block), with the default budgets and chooser (it ran the second
+    group's items from the first's count: wrong sums or a crash, 2026-11-27): equal to
+    the direct kernels (precision="highest"; checked against the reference elsewhere)."""
+    case = geometry(2, n=4, c=256, o=256, size=(33, 33))
+    geom = make_geometry("t", **case)
+    eng = native.engine()
+    plan = winograd.corr_plan(geom, "dgrad", eng.vl, winograd._mr_of(eng),
+                              winograd.tile_size(geom, "dgrad"), winograd._budgets())
+    assert plan.regime == "weights"
+    assert len({i1 - i0 for i0, i1 in plan.group_items}) > 1
+    assert winograd.preferred(geom, "dgrad")
+    x, w, dy = make_arrays(case, rng)
+    got = convgrad.conv_data_grad(w, dy, x.shape, **attrs(case))
+    with convgrad.config(precision="highest"):
+        want = convgrad.conv_data_grad(w, dy, x.shape, **attrs(case))
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < winograd.ERROR_BOUND
 
 
 @pytest.mark.parametrize("isa", ISAS)

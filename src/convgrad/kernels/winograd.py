@@ -339,6 +339,8 @@ class CorrPlan:
                           # "weights": input transformed once per group of tiles, items =
                           # output blocks transforming their own weights
     groups_of_tiles: tuple    # regime "weights": (s0, s1, d0, d1) per group
+    group_items: tuple        # regime "weights": per group, its first and end item (groups
+                              # cut into different numbers of items: a short last one)
     items: np.ndarray     # per item: s0, s1, d0, d1, k0, k1
     u_floats: int         # regime "tiles": the transformed weights
     v_floats: tuple       # regime "weights": per group, its transformed input
@@ -377,7 +379,7 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
     per_plane = geom.n * len(th) * len(tw)
     u_floats = G * nob * na * _spread(kd * cpad * nb)
     depth = lout[0]
-    items, groups_of_tiles, v_floats = [], [], []
+    items, groups_of_tiles, group_items, v_floats = [], [], [], []
     if u_floats * 4 <= shared_u:
         regime = "tiles"
         if u_floats * 4 > half_l2:
@@ -406,12 +408,15 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
             v_floats.append(na * _spread((s1 - s0) * (d1 - d0 + kd - 1) * G * -(-cpad // kc) * kc))
             cut = -(-(s1 - s0) // weights_tiles)
             bounds = [s0 + (s1 - s0) * i // cut for i in range(cut + 1)]
+            first = len(items)
             items += [(a, b, d0, d1, k, k + 1) for k in range(G * nob)
                       for a, b in zip(bounds, bounds[1:])]
+            group_items.append((first, len(items)))
     items = native._i64(items).reshape(-1, 6)
     plan = CorrPlan(ax, m, lin, lout, cin, cout, G, dil, off, kd, kind == "dgrad",
                     th.reshape(-1).copy(), tw.reshape(-1).copy(), nv, cpad, regime,
-                    tuple(groups_of_tiles), items, u_floats, tuple(v_floats))
+                    tuple(groups_of_tiles), tuple(group_items), items, u_floats,
+                    tuple(v_floats))
     for a in (plan.tiles_h, plan.tiles_w, plan.items):
         a.setflags(write=False)
     return plan
@@ -563,8 +568,8 @@ def _run_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
     if plan.regime == "tiles":
         run(0, len(plan.items))
     else:
-        per_group = len(plan.items) // len(plan.groups_of_tiles)
-        for gi, ((s0, s1, d0, d1), vf) in enumerate(zip(plan.groups_of_tiles, plan.v_floats)):
+        for (s0, s1, d0, d1), (i0, i1), vf in zip(plan.groups_of_tiles, plan.group_items,
+                                                  plan.v_floats):
             V = scratch("winograd-V", (vf,), np.float32, zero=False)
             prob.V, prob.vs0, prob.vs1, prob.vd0, prob.vd1 = V.ctypes.data, s0, s1, d0, d1
             ranges = [(s0 + lo, s0 + hi) for lo, hi in _pool.split(s1 - s0, 4 * threads)]
@@ -573,7 +578,7 @@ def _run_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
             _pool.run_native(lib, "cg_wino_input", [(pp, lo, hi, V.ctypes.data)
                                                     for lo, hi in ranges], threads, per_thread)
             del buf
-            run(gi * per_group, per_group)
+            run(i0, i1 - i0)
     if bad.any():
         native.recompute_lines(kind, inp, w, out, geom, np.flatnonzero(bad))
     del prob
@@ -634,15 +639,16 @@ def _bind_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
     else:
         # per group of tiles: its transformed input V (fields of the problem), the input
         # transform's runner (V's address in its table) and the work items' runner
-        per_group, steps = len(plan.items) // len(plan.groups_of_tiles), []
-        for gi, ((s0, s1, d0, d1), vf) in enumerate(zip(plan.groups_of_tiles, plan.v_floats)):
+        steps = []
+        for (s0, s1, d0, d1), (i0, i1), vf in zip(plan.groups_of_tiles, plan.group_items,
+                                                  plan.v_floats):
             prob.vs0, prob.vs1, prob.vd0, prob.vd1 = s0, s1, d0, d1
             ranges = [(s0 + lo, s0 + hi) for lo, hi in _pool.split(s1 - s0, 4 * threads)]
             ineed = max(int(lib.cg_wino_input_scratch(pp, lo, hi)) for lo, hi in ranges)
             iper = _pool.scratch_bytes(ineed)
             itable = _bound.task_table(lib, "cg_wino_input",
                                        [(pp, lo, hi, 0) for lo, hi in ranges])
-            compute, need = items(gi * per_group, per_group)
+            compute, need = items(i0, i1 - i0)
             steps.append(((s0, s1, d0, d1), vf, itable, _bound.runner(lib, itable, threads, iper),
                           ineed, compute, need))
 
