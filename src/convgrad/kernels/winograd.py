@@ -174,13 +174,24 @@ def products(geom: ConvGeometry, m: int, out_sizes=None) -> int:
     return geom.n * lead * math.prod(per_axis) * (m + 2) ** ax
 
 
+# Outputs per tile along an axis: F(4, 3), F(3, 3), F(2, 3).
+TILE_SIZES = (4, 3, 2)
+
+
 @functools.lru_cache(maxsize=1024)
 def tile_size(geom: ConvGeometry, op: str) -> int:
-    """F(4, 3) when it multiplies less than F(2, 3); its tiles waste the saving on small
-    images (and dilated layers' sub-grids), where F(2, 3) multiplies as little or less
-    and is the more accurate.  The correlation's output sizes decide (dgrad: dx)."""
+    """The tile of :data:`TILE_SIZES` that multiplies least (of equals, the smaller: the
+    more accurate).  F(4, 3) on large images; its tiles waste the saving on small ones and
+    on dilated layers' short sub-grids, where F(3, 3) (5- and 6-wide, DeepLab d6's) or
+    F(2, 3) multiplies less.  The correlation's output sizes decide (dgrad: dx).  A weight
+    gradient on the AVX-512 build skips a tile whose sums :func:`_preferred` would turn
+    down for their size where a smaller tile's would not be."""
     sizes = geom.in_sizes if op == "dgrad" else geom.out_sizes
-    return 4 if products(geom, 4, sizes) < products(geom, 2, sizes) else 2
+    ranked = sorted(TILE_SIZES, key=lambda m: (products(geom, m, sizes), m))
+    if op == "wgrad":
+        fits = [m for m in ranked if not _sums_too_large(geom, m)]
+        return (fits or ranked)[0]
+    return ranked[0]
 
 
 # -- when to use it: error and speed models ------------------------------------------------
@@ -197,8 +208,10 @@ UNIT_ROUNDOFF = 2.0 ** -24
 # (variant: op family, Winograd axes, m).  tests/test_winograd.py holds every measured
 # error below its estimate.
 ERROR_MODEL = {("corr", 2, 4): (12.0, 1.3), ("corr", 1, 4): (5.0, 0.7),
+               ("corr", 2, 3): (8.0, 0.8), ("corr", 1, 3): (4.0, 0.55),
                ("corr", 2, 2): (3.0, 0.3), ("corr", 1, 2): (3.0, 0.3),
                ("wgrad", 2, 4): (30.0, 0.06), ("wgrad", 1, 4): (12.0, 0.04),
+               ("wgrad", 2, 3): (14.0, 0.1), ("wgrad", 1, 3): (7.0, 0.1),
                ("wgrad", 2, 2): (8.0, 0.02), ("wgrad", 1, 2): (8.0, 0.02)}
 
 
@@ -260,11 +273,17 @@ def _preferred(geom: ConvGeometry, op: str, m: int, vl: int = 8) -> bool:
     if op == "wgrad" and wgrad_tiles(geom, m) < WGRAD_MIN_TILES:
         return False
     speedup = speedup_estimate(geom, op, m)
-    sums = wgrad_sums_bytes(geom, m) if op == "wgrad" else 0
-    if (vl >= 16 and sums > WGRAD_MAX_SUMS_BYTES and 2 * sums > PARTIALS_BYTES
-            and speedup < WGRAD_LARGE_SUMS_SPEEDUP):
+    if vl >= 16 and op == "wgrad" and _sums_too_large(geom, m):
         return False
     return speedup >= SPEEDUP_MARGIN
+
+
+def _sums_too_large(geom: ConvGeometry, m: int) -> bool:
+    """Whether a weight gradient's sums with tiles of m are cut into boxes that outgrow
+    the L2 (the rule below) and Winograd is not estimated fast enough to win anyway."""
+    sums = wgrad_sums_bytes(geom, m)
+    return (sums > WGRAD_MAX_SUMS_BYTES and 2 * sums > PARTIALS_BYTES
+            and speedup_estimate(geom, "wgrad", m) < WGRAD_LARGE_SUMS_SPEEDUP)
 
 
 # A weight gradient adds every block of tiles' products into one set of sums per
