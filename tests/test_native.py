@@ -1206,6 +1206,72 @@ def test_weight_gradients_written_as_oix_are_the_permuted_ones(isa, name, rng, m
     np.testing.assert_array_equal(xio, np.moveaxis(np.moveaxis(got[0], 0, -1), 0, -2))
 
 
+STREAM_CASES = {
+    **OIX_CASES,
+    "whole-lines": _geometry(2, c=20, o=64, size=8, k=3, pb=1, pe=1, n=2),
+    "packed-whole-taps": _geometry(2, c=16, o=96, size=10, k=3, pb=1, pe=1, n=2),
+}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", STREAM_CASES)
+def test_streamed_weight_gradients_are_the_ones_summed_in_place(isa, name, rng, monkeypatch):
+    """A (*K, C, O) result whose tasks sum their parts in scratch and stream the rows
+    (whole cache lines with streaming stores, other rows -- partial last blocks, rows not
+    64-byte aligned -- plainly) is bitwise the one summed in the result's rows, on 1, 2 and
+    3 threads, bound and unbound, inputs read in place and converted (NCX: whole-tap
+    tasks), and equal to the reference; without WGRAD_STREAM no part is made."""
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    monkeypatch.setattr(native, "PARTIALS_BYTES", 0)
+    monkeypatch.setattr(native, "WGRAD_STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(native, "CF_WGRAD", False)
+    case = STREAM_CASES[name]
+    channels_last = name != "packed-whole-taps"
+    x, w, dy = make_arrays(case, rng, np.float32, channels_last)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations")}
+    parts, real = [], native._stream_part
+    monkeypatch.setattr(native, "_stream_part",
+                        lambda *a: parts.append(real(*a)) or parts[-1])
+
+    def nxc(a):
+        return np.ascontiguousarray(np.moveaxis(a, 1, -1))
+    got = []
+    for stream, threads in ((False, 2), (True, 2), (True, 1), (True, 3)):
+        monkeypatch.setattr(native, "WGRAD_STREAM", stream)
+        parts.clear()
+        with convgrad.config(algo="native", isa=isa, threads=threads):
+            for _ in range(2):                    # the second call runs bound
+                # (an XIO caller: the kernel's (*K, C, O) result is the caller's)
+                got.append(convgrad.onednn.convolution_backward_weights(
+                    nxc(x) if channels_last else np.moveaxis(x, 1, -1),
+                    nxc(dy) if channels_last else np.moveaxis(dy, 1, -1), list(w.shape[2:]),
+                    **kw))
+        assert parts and all(bool(p) == stream for p in parts), parts
+    want = reference_results(case, x, w, dy)[1]
+    assert_close(np.moveaxis(np.moveaxis(got[0], -1, 0), -1, 1), want, np.float32)
+    for other in got[1:]:
+        np.testing.assert_array_equal(other, got[0])
+
+
+def test_stream_parts_stay_within_the_part_limits(monkeypatch):
+    """Parts for one group, tasks split by outputs, results of at least
+    WGRAD_STREAM_MIN_BYTES, within WGRAD_OIX_PART_BYTES and 5/8 of the L2: ResNet-50
+    res5's grid (3 taps x a range of output blocks x 512 input channels)."""
+    from convgrad.geometry import make_geometry
+    geom = make_geometry("test", **_geometry(2, c=512, o=512, size=7, k=3, n=8))
+    eng = native.engine()
+    plan = native._wgrad_plan_of(eng, geom, 2)
+    tasks = native._wgrad_tasks(plan, geom, False, 2)
+    part = native._stream_part(plan, geom, tasks, eng.vl)
+    assert part == 3 * 512 * max(t[3] - t[2] for t in tasks) * plan.nv * eng.vl
+    assert 0 < 4 * part <= min(native.WGRAD_OIX_PART_BYTES, native.l2_bytes() * 5 // 8)
+    monkeypatch.setattr(native, "WGRAD_OIX_PART_BYTES", 1024)
+    assert native._stream_part(plan, geom, tasks, eng.vl) == 0
+    monkeypatch.setattr(native, "WGRAD_OIX_PART_BYTES", 2**30)
+    monkeypatch.setattr(native, "WGRAD_STREAM_MIN_BYTES", 4 * 9 * 512 * 512 + 1)
+    assert native._stream_part(plan, geom, tasks, eng.vl) == 0
+
+
 def test_oix_tasks_take_every_tap_of_equal_block_ranges(monkeypatch):
     """Each (tap, output block) in exactly one task, every task all taps, at least
     WGRAD_TASKS_PER_THREAD a thread, parts within WGRAD_OIX_PART_BYTES (else none);

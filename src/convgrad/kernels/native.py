@@ -138,6 +138,16 @@ WGRAD_TASKS_PER_THREAD = 4
 # keeps the permuted copy).
 WGRAD_OIX = True
 WGRAD_OIX_PART_BYTES = 5 * 2**18
+# wgrad split by outputs, one group, a (*K, C, O) result of at least WGRAD_STREAM_MIN_BYTES:
+# each task sums its part in scratch too (within the same limits as the OIX parts) and
+# streams its whole dw rows into the result (streaming stores where a row is whole cache
+# lines), instead of adding into the result's rows in place (_stream_part).  After the
+# benchmark's pause the result's lines no longer had to be read before they were written:
+# ResNet-50 res5 NXC 7.15-7.21 -> 5.91-5.98 ms (1.21x; hot 1.03x), DCGAN NXC 1.07x (hot
+# 1.08x: the tiles' sums in a compact part), NCX 1.02x; res3 stride 2 (0.6 MB) level or
+# 0.97-0.99x, so not below 1 MiB (2 threads, separate processes, 2026-11-27).
+WGRAD_STREAM = True
+WGRAD_STREAM_MIN_BYTES = 2**20
 
 
 class _Tensor(ctypes.Structure):
@@ -486,11 +496,11 @@ def memory(call) -> dict[str, int]:
                 parts[f"{role} in float32 channels last"] = math.prod(d.shape) * 4
     parts.update(workspace(call.geom, call.op))
     if call.op == "wgrad":
-        part = _oix_bytes(call)
+        label, part = _part_bytes(call)
         if part:
-            if call.out.dtype == np.float32:
+            if call.out.dtype == np.float32 and "OIX" in label:
                 parts.pop("dw before the caller's copy", None)
-            parts["a task's part of the OIX result, per thread"] = part
+            parts[label] = part
     data_ops = {"fwd": (call.a,), "dgrad": (call.b,), "wgrad": (call.a, call.b)}[call.op]
     g = call.geom
     if (call.op == "wgrad" and CF_WGRAD and g.groups == 1 and not _plain_pointwise(g)
@@ -1507,11 +1517,12 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout=None)
     pp = ctypes.addressof(prob)
     oix_tasks, part = _oix_tasks(plan, geom, not (_is_packed(x) or _is_packed(dy)), threads,
                                  eng.vl, result_layout)
-    tasks = oix_tasks or _wgrad_tasks(plan, geom, x, dy, threads)
+    tasks = oix_tasks or _wgrad_tasks(plan, geom, _is_packed(x) or _is_packed(dy), threads)
     if part:
         prob.oix, prob.part = 1, part
         result = _results.empty((geom.o, cg, *geom.kernel), np.float32)
     else:
+        prob.part = _stream_part(plan, geom, tasks, eng.vl)
         result = _results.empty(shape, np.float32)
     if plan.split_outputs or plan.chunks == 1:
         tasks = [(*t, result.ctypes.data) for t in tasks]
@@ -1528,22 +1539,29 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout=None)
     return result.transpose(_OIX_AS_XIO[result.ndim]) if part else result
 
 
-def _oix_bytes(call) -> int:
-    """The bytes of the parts of a weight gradient's OIX result its threads sum at once
-    where the wgrad kernel's tasks write it (:func:`_oix_tasks`); else 0."""
+def _part_bytes(call) -> tuple[str, int]:
+    """What the threads of a weight gradient's wgrad kernel sum at once in scratch and
+    its bytes: the parts of an OIX result the tasks write (:func:`_oix_tasks`), the
+    parts of dw they stream (:func:`_stream_part`), or ("", 0)."""
     g = call.geom
-    if available() is not None or call.out.layouts != frozenset({"ncx"}):
-        return 0
+    if available() is not None:
+        return "", 0
     cf = all(d.dtype == np.float32 and "nxc" not in d.layouts and "ncx" in d.layouts
              for d in (call.a, call.b))
-    if (g.groups > 1 or (cf and CF_WGRAD and not _plain_pointwise(g) and _cf_wgrad_fits(g))):
-        return 0                                    # (the channels-first kernel runs)
+    if g.groups > 1 or (cf and CF_WGRAD and not _plain_pointwise(g) and _cf_wgrad_fits(g)):
+        return "", 0                                # (the channels-first kernel runs)
     in_place = all((d.dtype == np.float32 and "nxc" in d.layouts) or _small_wgrad_inputs(g)
                    for d in (call.a, call.b))
     eng, threads = engine(), _threads(g.flops)
-    tasks, part = _oix_tasks(_wgrad_plan_of(eng, g, threads), g, in_place, threads, eng.vl,
-                             "ncx")
-    return 4 * part * min(threads, len(tasks))
+    plan = _wgrad_plan_of(eng, g, threads)
+    if call.out.layouts == frozenset({"ncx"}):
+        tasks, part = _oix_tasks(plan, g, in_place, threads, eng.vl, "ncx")
+        if part:
+            return "a task's part of the OIX result, per thread", 4 * part * min(threads,
+                                                                                  len(tasks))
+    tasks = _wgrad_tasks(plan, g, not in_place, threads)
+    part = _stream_part(plan, g, tasks, eng.vl)
+    return "a task's part of dw, per thread", 4 * part * min(threads, len(tasks))
 
 
 # an OIX array (O, C, *K) seen as (*K, C, O), by its rank
@@ -1569,6 +1587,18 @@ def _oix_tasks(plan: WgradPlan, geom: ConvGeometry, in_place: bool, threads: int
     if 4 * part > min(WGRAD_OIX_PART_BYTES, l2_bytes() * 5 // 8):
         return [], 0
     return tasks, part
+
+
+def _stream_part(plan: WgradPlan, geom: ConvGeometry, tasks: list, vl: int) -> int:
+    """The floats of the largest part of the wgrad kernel's ``tasks`` (lo, hi, b0, b1,
+    t0, t1) where each sums its part in scratch and streams its dw rows into a (*K, C, O)
+    result (WGRAD_STREAM: one group, tasks split by outputs, a result of at least
+    WGRAD_STREAM_MIN_BYTES, parts within the OIX parts' limits); else 0."""
+    if not (WGRAD_STREAM and geom.groups == 1 and plan.split_outputs and tasks
+            and 4 * math.prod(geom.kernel) * geom.c * geom.o >= WGRAD_STREAM_MIN_BYTES):
+        return 0
+    part = max((t[5] - t[4]) * geom.c * (t[3] - t[2]) for t in tasks) * plan.nv * vl
+    return part if 4 * part <= min(WGRAD_OIX_PART_BYTES, l2_bytes() * 5 // 8) else 0
 
 
 def _bind_sum_parts(lib, size: int, chunks: int, threads: int):
@@ -1742,10 +1772,13 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout
     pp = ctypes.addressof(prob)
     oix_tasks, part = _oix_tasks(plan, geom, not (_is_packed(xs) or _is_packed(dys)), threads,
                                  eng.vl, result_layout)
-    tasks = oix_tasks or _wgrad_tasks(plan, geom, xs, dys, threads)
+    tasks = oix_tasks or _wgrad_tasks(plan, geom, _is_packed(xs) or _is_packed(dys),
+                                        threads)
     if part:
         prob.oix, prob.part = 1, part
         shape = (geom.o, cg, *geom.kernel)
+    else:
+        prob.part = _stream_part(plan, geom, tasks, eng.vl)
     xio = _OIX_AS_XIO[len(shape)] if part else None
     tasks = _i64([(*t, 0) for t in tasks]).reshape(-1, 7)
     size = math.prod(shape)
@@ -1810,7 +1843,7 @@ def _wgrad_problem(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometr
     return plan, prob
 
 
-def _wgrad_tasks(plan: WgradPlan, geom: ConvGeometry, x: np.ndarray, dy: np.ndarray,
+def _wgrad_tasks(plan: WgradPlan, geom: ConvGeometry, packed: bool,
                  threads: int) -> list[tuple]:
     """The tasks of :func:`wgrad`'s kernel (items lo, hi, output blocks b0, b1, taps t0,
     t1; the address each adds into is the caller's: dw, or partial i with
@@ -1819,9 +1852,9 @@ def _wgrad_tasks(plan: WgradPlan, geom: ConvGeometry, x: np.ndarray, dy: np.ndar
     kw = geom.kernel[-1]
     # split outputs: each task reads (and converts, for NCX or 16-bit callers) every
     # position, so fewer tasks when that costs a conversion
-    nsplit = threads if (_is_packed(x) or _is_packed(dy)) else 2 * threads
+    nsplit = threads if packed else 2 * threads
     # (every task zeroes the part of dw, or the partial, it adds into)
-    if plan.split_outputs and WGRAD_GRID_TASKS and not (_is_packed(x) or _is_packed(dy)):
+    if plan.split_outputs and WGRAD_GRID_TASKS and not packed:
         return [(0, nitems, b0, b1, t0, t1)
                 for t0, t1, b0, b1 in _wgrad_grid(kw, ntap, nblocks, threads)]
     if plan.split_outputs and ntap >= nsplit:

@@ -654,7 +654,8 @@ struct WgradProblem {
                                // (n * Md + ud) * Mh + uh
     int64_t oix;               // one group: tasks sum into scratch and write their part
                                // of an OIX result (O, C, *K) (cg_wgrad_run_shared)
-    int64_t part;              // floats of the largest task's part (oix)
+    int64_t part;              // floats of the largest task's part (oix; without oix, > 0:
+                               // tasks sum into scratch and stream their dw rows)
 };
 
 int64_t cg_wgrad_mr(int64_t nv) { return nv >= 1 && nv <= 4 ? WG_MR[nv] : 0; }
@@ -877,7 +878,7 @@ int64_t cg_wgrad_scratch(const WgradProblem* P, int64_t lo, int64_t hi) {
         lines = std::max(lines, need);
     }
     return lines + (P->chunk + XHALO) * apad + 2 * P->chunk * bpad + 64 +
-           (P->oix ? (P->part + 15) / 16 * 16 : 0);
+           (P->part ? (P->part + 15) / 16 * 16 : 0);
 }
 
 // Accumulate the items [lo, hi) into dw (*K, C/G, O) for the output-channel
@@ -1189,9 +1190,13 @@ void cg_wgrad_run(const WgradProblem* P, int64_t lo, int64_t hi, int64_t oblo, i
 
 void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const int64_t* tasks,
                          float* scratch) {
+    const bool streamed = !P->oix && P->part > 0;
     for (;;) {
         const int64_t k = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
-        if (k >= n) return;
+        if (k >= n) {
+            if (streamed) stream_fence();
+            return;
+        }
         const int64_t* t = tasks + 7 * k;
         float* dw = (float*)(intptr_t)t[6];
         const int64_t og = P->O / P->groups, cg = P->C / P->groups, NB = P->nv * VL;
@@ -1201,14 +1206,29 @@ void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const 
         // P->oix (one group): the task's taps x channels x columns are summed in scratch
         // (in L2), then written into the OIX result as 16 x taps transposes (a whole
         // (*K, C, O) gradient permuted afterwards was 0.75 ms hot, 1.7 ms after the
-        // benchmark's pause, of ResNet-50 res5's 7-10 ms channels-first call); else
-        // into the task's rows of dw
+        // benchmark's pause, of ResNet-50 res5's 7-10 ms channels-first call); streamed
+        // (P->part without P->oix, one group): summed in scratch, then each dw row of the
+        // part stored once, with streaming stores where it is whole cache lines (native.py:
+        // WGRAD_STREAM); else into the task's rows of dw
         const int64_t o0 = t[2] * NB, nt = t[5] - t[4];
-        const int64_t ld = P->oix ? (t[3] - t[2]) * NB : P->O, col0 = P->oix ? o0 : 0;
-        float* sums = P->oix ? scratch : dw + t[4] * cg * P->O;
+        const bool own = P->oix || streamed;
+        const int64_t ld = own ? (t[3] - t[2]) * NB : P->O, col0 = own ? o0 : 0;
+        float* sums = own ? scratch : dw + t[4] * cg * P->O;
         if (!fresh) zero_blocks(sums, nt * cg, P->O, og, NB, t[2], t[3], ld, col0);
         wgrad_run(P, t[0], t[1], t[2], t[3], t[4], t[5], sums, ld, t[4], col0,
-                  P->oix ? scratch + (P->part + 15) / 16 * 16 : scratch, fresh);
+                  own ? scratch + (P->part + 15) / 16 * 16 : scratch, fresh);
+        if (streamed) {
+            const int64_t o1 = std::min(P->O, t[3] * NB), w = o1 - o0;
+            for (int64_t r = 0; r < nt * cg; r++) {
+                const float* src = sums + r * ld;
+                float* dst = dw + (t[4] * cg + r) * P->O + o0;
+                const bool whole = ((intptr_t)dst % 64 == 0) && w % 16 == 0;
+                int64_t j = 0;
+                if (whole) for (; j < w; j += VL) stream_store(dst + j, load(src + j));
+                for (; j + VL <= w; j += VL) store(dst + j, load(src + j));
+                for (; j < w; j++) dst[j] = src[j];
+            }
+        }
         if (P->oix) {
             const int64_t T = P->K[0] * P->K[1] * P->K[2], o1 = std::min(P->O, t[3] * NB);
             const int64_t shape[5] = {1, 1, cg, o1 - o0, nt};
