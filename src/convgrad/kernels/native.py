@@ -1515,15 +1515,10 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout=None)
     plan, prob = _wgrad_problem(eng, x, dy, geom, threads)
     nitems = len(plan.items)
     pp = ctypes.addressof(prob)
-    oix_tasks, part = _oix_tasks(plan, geom, not (_is_packed(x) or _is_packed(dy)), threads,
-                                 eng.vl, result_layout)
-    tasks = oix_tasks or _wgrad_tasks(plan, geom, _is_packed(x) or _is_packed(dy), threads)
-    if part:
-        prob.oix, prob.part = 1, part
-        result = _results.empty((geom.o, cg, *geom.kernel), np.float32)
-    else:
-        prob.part = _stream_part(plan, geom, tasks, eng.vl)
-        result = _results.empty(shape, np.float32)
+    tasks, prob.part, oix = _kernel_tasks(plan, geom, _is_packed(x) or _is_packed(dy), threads,
+                                          eng.vl, result_layout)
+    prob.oix = int(oix)
+    result = _results.empty((geom.o, cg, *geom.kernel) if oix else shape, np.float32)
     if plan.split_outputs or plan.chunks == 1:
         tasks = [(*t, result.ctypes.data) for t in tasks]
     else:
@@ -1536,7 +1531,7 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout=None)
     if not plan.split_outputs and plan.chunks > 1:
         _sum_parts(eng, parts, result, threads)
     del prob
-    return result.transpose(_OIX_AS_XIO[result.ndim]) if part else result
+    return result.transpose(_OIX_AS_XIO[result.ndim]) if oix else result
 
 
 def _part_bytes(call) -> tuple[str, int]:
@@ -1553,19 +1548,27 @@ def _part_bytes(call) -> tuple[str, int]:
     in_place = all((d.dtype == np.float32 and "nxc" in d.layouts) or _small_wgrad_inputs(g)
                    for d in (call.a, call.b))
     eng, threads = engine(), _threads(g.flops)
-    plan = _wgrad_plan_of(eng, g, threads)
-    if call.out.layouts == frozenset({"ncx"}):
-        tasks, part = _oix_tasks(plan, g, in_place, threads, eng.vl, "ncx")
-        if part:
-            return "a task's part of the OIX result, per thread", 4 * part * min(threads,
-                                                                                  len(tasks))
-    tasks = _wgrad_tasks(plan, g, not in_place, threads)
-    part = _stream_part(plan, g, tasks, eng.vl)
-    return "a task's part of dw, per thread", 4 * part * min(threads, len(tasks))
+    tasks, part, oix = _kernel_tasks(
+        _wgrad_plan_of(eng, g, threads), g, not in_place, threads, eng.vl,
+        "ncx" if call.out.layouts == frozenset({"ncx"}) else None)
+    return (f"a task's part of {'the OIX result' if oix else 'dw'}, per thread",
+            4 * part * min(threads, len(tasks)))
 
 
 # an OIX array (O, C, *K) seen as (*K, C, O), by its rank
 _OIX_AS_XIO = {r: (*range(2, r), 1, 0) for r in range(3, 6)}
+
+
+def _kernel_tasks(plan: WgradPlan, geom: ConvGeometry, packed: bool, threads: int, vl: int,
+                  result_layout) -> tuple[list[tuple], int, bool]:
+    """The wgrad kernel's tasks (:func:`_oix_tasks`, else :func:`_wgrad_tasks`), the floats
+    of the largest task's part in scratch (0: none) and whether it writes an OIX result;
+    ``packed``: x or dy converted as read (:func:`_is_packed`)."""
+    tasks, part = _oix_tasks(plan, geom, not packed, threads, vl, result_layout)
+    if part:
+        return tasks, part, True
+    tasks = _wgrad_tasks(plan, geom, packed, threads)
+    return tasks, _stream_part(plan, geom, tasks, vl), False
 
 
 def _oix_tasks(plan: WgradPlan, geom: ConvGeometry, in_place: bool, threads: int, vl: int,
@@ -1770,16 +1773,12 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout
     plan, prob = _wgrad_problem(eng, xs, dys, geom, threads)
     nitems = len(plan.items)
     pp = ctypes.addressof(prob)
-    oix_tasks, part = _oix_tasks(plan, geom, not (_is_packed(xs) or _is_packed(dys)), threads,
-                                 eng.vl, result_layout)
-    tasks = oix_tasks or _wgrad_tasks(plan, geom, _is_packed(xs) or _is_packed(dys),
-                                        threads)
-    if part:
-        prob.oix, prob.part = 1, part
+    tasks, prob.part, oix = _kernel_tasks(plan, geom, _is_packed(xs) or _is_packed(dys),
+                                          threads, eng.vl, result_layout)
+    prob.oix = int(oix)
+    if oix:
         shape = (geom.o, cg, *geom.kernel)
-    else:
-        prob.part = _stream_part(plan, geom, tasks, eng.vl)
-    xio = _OIX_AS_XIO[len(shape)] if part else None
+    xio = _OIX_AS_XIO[len(shape)] if oix else None
     tasks = _i64([(*t, 0) for t in tasks]).reshape(-1, 7)
     size = math.prod(shape)
     partials = not (plan.split_outputs or plan.chunks == 1)
