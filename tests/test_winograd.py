@@ -376,6 +376,26 @@ def test_nan_and_inf_reach_exactly_the_outputs_the_direct_kernels_give(where, rn
         assert_close(g[fin], e[fin], np.float32)
 
 
+def test_a_bound_weight_gradient_flags_non_finite_sums_per_call(rng):
+    """The finish step flags a weight gradient with a value not finite (recomputed by the
+    direct engine, D17), in the kernel instead of a pass over dw; the flag is cleared
+    for the bound runner's next call, whose finite result is Winograd's again."""
+    case = geometry(2, n=2, c=20, o=36, size=(10, 13))
+    x, _, dy = make_arrays(case, rng, channels_last=True)
+    geom = make_geometry("t", **case)
+    xv, dyv = np.moveaxis(x, 1, -1), np.moveaxis(dy, 1, -1)
+    finite = winograd.wgrad(xv, dyv, geom).copy()
+    assert not np.array_equal(finite, native.wgrad(xv, dyv, geom))   # (other sums)
+    bad = x.copy()
+    bad[1, 3, 4, 5] = np.nan
+    badv = np.moveaxis(bad, 1, -1)
+    run = winograd._bind_wgrad(xv, dyv, geom)
+    got = run(badv, dyv)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(native.wgrad(badv, dyv, geom)))
+    assert np.isfinite(got).any()
+    np.testing.assert_array_equal(run(xv, dyv), finite)
+
+
 def test_recompute_lines_touches_only_those_lines(rng):
     case = geometry(2, n=2, c=5, o=7, size=9)
     x, w, _ = make_arrays(case, rng, channels_last=True)

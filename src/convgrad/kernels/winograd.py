@@ -91,7 +91,7 @@ class _Wino(ctypes.Structure):
 
 class _WinoWgrad(ctypes.Structure):
     _fields_ = [("x", _Source), ("dy", _Source), ("groups", _I64), ("tg", _TileGeom),
-                ("cpad", _I64), ("nv", _I64), ("items", _VP)]
+                ("cpad", _I64), ("nv", _I64), ("items", _VP), ("bad", _VP)]
 
 
 def _lib(eng: native.Engine):
@@ -755,8 +755,9 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
     # (the transposed dy: channels-last float32 strides, its address patched per call)
     dy_once = _dy_once(plan, native._channels_first(dy))
     dy_src = _dummy_source(geom.out_sizes, geom.o, False) if dy_once else _source(dy)
+    bad = np.zeros(1, np.int64)         # (set by the finish step: a value not finite)
     prob = _WinoWgrad(_source(x), dy_src, G, _tile_geom(plan), plan.cpad, plan.nv,
-                      plan.items.ctypes.data)
+                      plan.items.ctypes.data, bad.ctypes.data)
     pp = ctypes.addressof(prob)
     table = native._i64([(t[0], t[1], *t[2:], 0, plan.box_floats, 0)
                          for t in plan.tasks]).reshape(len(plan.tasks), -1)
@@ -799,12 +800,13 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
         del buf, dy_read
         if plan.parts:
             finish()
-        if not np.isfinite(dw).all():
+        if bad[0]:
             # a NaN or Inf mixed into every tap's sums by the transforms: the direct
             # engine gives each tap only the products it has (D17)
+            bad[0] = 0
             return native.wgrad(x, dy, geom)
         return dw
-    run.keep = (prob, table, plan) + ((fin,) if plan.parts else ())
+    run.keep = (prob, table, plan, bad) + ((fin,) if plan.parts else ())
     return _bound.guarded(run)
 
 

@@ -354,6 +354,8 @@ struct WinoWgrad {
     const int64_t* items;      // per item: first and end tile, first and end output plane,
                                // group, first and end input channel (of the group), first
                                // and end output block (of the group)
+    int64_t* bad;              // set when a value of dw comes out not finite (winograd.py
+                               // then recomputes dw by the direct engine: D17)
 };
 
 int64_t cg_wino_points(int64_t axes, int64_t m) { return axes == 2 ? (m + 2) * (m + 2) : m + 2; }
@@ -1342,6 +1344,7 @@ struct WgradFinish {
         const int64_t o0 = box->ob0 * NB, o1 = std::min(og, (box->ob0 + box->nob) * NB);
         const int64_t taps = KH * 3;
         vf sums[NA];
+        vf all = zero();                 // the sum of the values stored: not finite if one is
         for (int64_t r = lo; r < hi; r++) {
             const int64_t gi = r / box->nc, c = box->c0 + r % box->nc, g = box->g0 + gi;
             if (c >= cg_) continue;
@@ -1372,10 +1375,19 @@ struct WgradFinish {
                             float* d = dw + ((k * taps + th * 3 + tw) * cg_ + c) * O + g * og + o;
                             if (nc == VL) store(d, res[th][tw]);
                             else store_n(d, res[th][tw], nc);
+                            all += nc == VL ? res[th][tw] : load_n(d, nc);
                         }
                 }
             }
         }
+        // (a sum of finite values may overflow: a false alarm only costs the recomputation)
+        alignas(64) float lanes[VL];
+        store(lanes, all * zero());
+        for (int j = 0; j < VL; j++)
+            if (lanes[j] != 0.0f) {
+                __atomic_store_n(P->bad, (int64_t)1, __ATOMIC_RELAXED);
+                break;
+            }
     }
 };
 
