@@ -1157,6 +1157,21 @@ def test_channels_first_pointwise_samples_run_as_engine_tasks(isa, dtype, rng, m
         assert_close(got[True][k], want[i], dtype)
 
 
+def _off_and_on(monkeypatch, switch, parts, isa, call):
+    """call()'s results on the native kernel with ``native.<switch>`` off (2 threads) and
+    on (2, 1 and 3 threads), twice each (the second call runs bound); ``parts`` (filled by
+    the caller's spy) must show a part made exactly when the switch is on."""
+    got = []
+    for on, threads in ((False, 2), (True, 2), (True, 1), (True, 3)):
+        monkeypatch.setattr(native, switch, on)
+        parts.clear()
+        with convgrad.config(algo="native", isa=isa, threads=threads):
+            for _ in range(2):
+                got.append(call())
+        assert parts and all(bool(p) == on for p in parts), parts
+    return got
+
+
 # weight gradients split by outputs whose caller keeps OIX: tasks of every tap write
 # their part of the OIX result themselves (native._oix_tasks, cg_wgrad_run_shared)
 OIX_CASES = {
@@ -1180,15 +1195,12 @@ def test_weight_gradients_written_as_oix_are_the_permuted_ones(isa, name, rng, m
     kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
     parts, real = [], native._oix_tasks
     monkeypatch.setattr(native, "_oix_tasks", lambda *a: parts.append(real(*a)[1]) or real(*a))
-    got = []
-    for oix, threads in ((False, 2), (True, 2), (True, 1), (True, 3)):
-        monkeypatch.setattr(native, "WGRAD_OIX", oix)
-        parts.clear()
-        with convgrad.config(algo="native", isa=isa, threads=threads):
-            for _ in range(2):                    # the second call runs bound
-                got.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
-                assert got[-1].flags.c_contiguous
-        assert parts and all(bool(p) == oix for p in parts)
+
+    def call():
+        dw = convgrad.conv_weight_grad(x, dy, w.shape, **kw)
+        assert dw.flags.c_contiguous
+        return dw
+    got = _off_and_on(monkeypatch, "WGRAD_OIX", parts, isa, call)
     assert_close(got[0], reference_results(case, x, w, dy)[1], np.float32)
     for other in got[1:]:
         np.testing.assert_array_equal(other, got[0])
@@ -1235,18 +1247,13 @@ def test_streamed_weight_gradients_are_the_ones_summed_in_place(isa, name, rng, 
 
     def nxc(a):
         return np.ascontiguousarray(np.moveaxis(a, 1, -1))
-    got = []
-    for stream, threads in ((False, 2), (True, 2), (True, 1), (True, 3)):
-        monkeypatch.setattr(native, "WGRAD_STREAM", stream)
-        parts.clear()
-        with convgrad.config(algo="native", isa=isa, threads=threads):
-            for _ in range(2):                    # the second call runs bound
-                # (an XIO caller: the kernel's (*K, C, O) result is the caller's)
-                got.append(convgrad.onednn.convolution_backward_weights(
-                    nxc(x) if channels_last else np.moveaxis(x, 1, -1),
-                    nxc(dy) if channels_last else np.moveaxis(dy, 1, -1), list(w.shape[2:]),
-                    **kw))
-        assert parts and all(bool(p) == stream for p in parts), parts
+
+    def call():
+        # (an XIO caller: the kernel's (*K, C, O) result is the caller's)
+        return convgrad.onednn.convolution_backward_weights(
+            nxc(x) if channels_last else np.moveaxis(x, 1, -1),
+            nxc(dy) if channels_last else np.moveaxis(dy, 1, -1), list(w.shape[2:]), **kw)
+    got = _off_and_on(monkeypatch, "WGRAD_STREAM", parts, isa, call)
     want = reference_results(case, x, w, dy)[1]
     assert_close(np.moveaxis(np.moveaxis(got[0], -1, 0), -1, 1), want, np.float32)
     for other in got[1:]:

@@ -496,11 +496,11 @@ def memory(call) -> dict[str, int]:
                 parts[f"{role} in float32 channels last"] = math.prod(d.shape) * 4
     parts.update(workspace(call.geom, call.op))
     if call.op == "wgrad":
-        label, part = _part_bytes(call)
+        part, oix = _part_bytes(call)
         if part:
-            if call.out.dtype == np.float32 and "OIX" in label:
+            if call.out.dtype == np.float32 and oix:
                 parts.pop("dw before the caller's copy", None)
-            parts[label] = part
+            parts[f"a task's part of {'the OIX result' if oix else 'dw'}, per thread"] = part
     data_ops = {"fwd": (call.a,), "dgrad": (call.b,), "wgrad": (call.a, call.b)}[call.op]
     g = call.geom
     if (call.op == "wgrad" and CF_WGRAD and g.groups == 1 and not _plain_pointwise(g)
@@ -1534,25 +1534,24 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout=None)
     return result.transpose(_OIX_AS_XIO[result.ndim]) if oix else result
 
 
-def _part_bytes(call) -> tuple[str, int]:
-    """What the threads of a weight gradient's wgrad kernel sum at once in scratch and
-    its bytes: the parts of an OIX result the tasks write (:func:`_oix_tasks`), the
-    parts of dw they stream (:func:`_stream_part`), or ("", 0)."""
+def _part_bytes(call) -> tuple[int, bool]:
+    """The bytes the threads of a weight gradient's wgrad kernel sum at once in scratch,
+    and whether they are parts of an OIX result the tasks write (:func:`_oix_tasks`), else
+    of dw they stream (:func:`_stream_part`); (0, False) without parts."""
     g = call.geom
     if available() is not None:
-        return "", 0
+        return 0, False
     cf = all(d.dtype == np.float32 and "nxc" not in d.layouts and "ncx" in d.layouts
              for d in (call.a, call.b))
     if g.groups > 1 or (cf and CF_WGRAD and not _plain_pointwise(g) and _cf_wgrad_fits(g)):
-        return "", 0                                # (the channels-first kernel runs)
+        return 0, False                             # (the channels-first kernel runs)
     in_place = all((d.dtype == np.float32 and "nxc" in d.layouts) or _small_wgrad_inputs(g)
                    for d in (call.a, call.b))
     eng, threads = engine(), _threads(g.flops)
     tasks, part, oix = _kernel_tasks(
         _wgrad_plan_of(eng, g, threads), g, not in_place, threads, eng.vl,
         "ncx" if call.out.layouts == frozenset({"ncx"}) else None)
-    return (f"a task's part of {'the OIX result' if oix else 'dw'}, per thread",
-            4 * part * min(threads, len(tasks)))
+    return 4 * part * min(threads, len(tasks)), oix
 
 
 # an OIX array (O, C, *K) seen as (*K, C, O), by its rank
@@ -1587,9 +1586,13 @@ def _oix_tasks(plan: WgradPlan, geom: ConvGeometry, in_place: bool, threads: int
     tasks = [(0, len(plan.items), b0, b1, t0, t1)
              for t0, t1, b0, b1 in _wgrad_grid(ntap, ntap, plan.nblocks, threads)]
     part = ntap * geom.c * max(b1 - b0 for _, _, b0, b1, _, _ in tasks) * plan.nv * vl
-    if 4 * part > min(WGRAD_OIX_PART_BYTES, l2_bytes() * 5 // 8):
-        return [], 0
-    return tasks, part
+    return (tasks, part) if _part_fits(part) else ([], 0)
+
+
+def _part_fits(floats: int) -> bool:
+    """Whether a task's part of the gradient, summed in scratch, stays within
+    WGRAD_OIX_PART_BYTES and 5/8 of a core's L2."""
+    return 4 * floats <= min(WGRAD_OIX_PART_BYTES, l2_bytes() * 5 // 8)
 
 
 def _stream_part(plan: WgradPlan, geom: ConvGeometry, tasks: list, vl: int) -> int:
@@ -1601,7 +1604,7 @@ def _stream_part(plan: WgradPlan, geom: ConvGeometry, tasks: list, vl: int) -> i
             and 4 * math.prod(geom.kernel) * geom.c * geom.o >= WGRAD_STREAM_MIN_BYTES):
         return 0
     part = max((t[5] - t[4]) * geom.c * (t[3] - t[2]) for t in tasks) * plan.nv * vl
-    return part if 4 * part <= min(WGRAD_OIX_PART_BYTES, l2_bytes() * 5 // 8) else 0
+    return part if _part_fits(part) else 0
 
 
 def _bind_sum_parts(lib, size: int, chunks: int, threads: int):

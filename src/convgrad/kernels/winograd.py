@@ -184,8 +184,9 @@ def tile_size(geom: ConvGeometry, op: str) -> int:
     more accurate).  F(4, 3) on large images; its tiles waste the saving on small ones and
     on dilated layers' short sub-grids, where F(3, 3) (5- and 6-wide, DeepLab d6's) or
     F(2, 3) multiplies less.  The correlation's output sizes decide (dgrad: dx).  A weight
-    gradient on the AVX-512 build skips a tile whose sums :func:`_preferred` would turn
-    down for their size where a smaller tile's would not be."""
+    gradient skips a tile whose sums are too large for the AVX-512 build's rule
+    (:func:`_sums_too_large`) where another tile's are not -- on every build, since the
+    tile does not depend on the build."""
     sizes = geom.in_sizes if op == "dgrad" else geom.out_sizes
     ranked = sorted(TILE_SIZES, key=lambda m: (products(geom, m, sizes), m))
     if op == "wgrad":

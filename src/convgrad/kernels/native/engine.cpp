@@ -1219,15 +1219,8 @@ void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const 
                   own ? scratch + (P->part + 15) / 16 * 16 : scratch, fresh);
         if (streamed) {
             const int64_t o1 = std::min(P->O, t[3] * NB), w = o1 - o0;
-            for (int64_t r = 0; r < nt * cg; r++) {
-                const float* src = sums + r * ld;
-                float* dst = dw + (t[4] * cg + r) * P->O + o0;
-                const bool whole = ((intptr_t)dst % 64 == 0) && w % 16 == 0;
-                int64_t j = 0;
-                if (whole) for (; j < w; j += VL) stream_store(dst + j, load(src + j));
-                for (; j + VL <= w; j += VL) store(dst + j, load(src + j));
-                for (; j < w; j++) dst[j] = src[j];
-            }
+            for (int64_t r = 0; r < nt * cg; r++)
+                store_run_streamed(dw + (t[4] * cg + r) * P->O + o0, F32, sums + r * ld, w);
         }
         if (P->oix) {
             const int64_t T = P->K[0] * P->K[1] * P->K[2], o1 = std::min(P->O, t[3] * NB);
