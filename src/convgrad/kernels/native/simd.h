@@ -215,6 +215,12 @@ static inline void convert_run(float* dst, const void* src, int64_t dtype, int64
         int64_t i = 0;
 #if defined(CG_ISA_AVX512) || defined(CG_ISA_AVX2)
         if (sstride == 1) {
+#if defined(CG_ISA_AVX512)
+            // 16 at a time (res2 1x1's float16 channels-first weight gradient, whose x
+            // rows are widened here: 1.02x hot, 1.02-1.06x after the pause)
+            for (; i + 16 <= n; i += 16)
+                _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(s + i))));
+#endif
             for (; i + 8 <= n; i += 8)
                 _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + i))));
         }
