@@ -1260,6 +1260,51 @@ def test_streamed_weight_gradients_are_the_ones_summed_in_place(isa, name, rng, 
         np.testing.assert_array_equal(other, got[0])
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("name", ["whole-lines", "1d-dilated", "strided", "packed-whole-taps"])
+def test_16_bit_streamed_weight_gradients_round_their_float32_sums_once(isa, dtype, name, rng,
+                                                                       monkeypatch):
+    """A float16/bfloat16 weight gradient whose tasks stream their dw rows stores them in
+    the caller's dtype (no float32 dw, no narrowing pass): bitwise the float32 sums
+    rounded once, i.e. the result without streaming (float32 dw narrowed by the
+    front-end), on 1, 2 and 3 threads, bound and unbound, inputs read in place and
+    converted; the kernel's own result is 16-bit exactly when it streams."""
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    monkeypatch.setattr(native, "PARTIALS_BYTES", 0)
+    monkeypatch.setattr(native, "WGRAD_STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(native, "CF_WGRAD", False)
+    case = STREAM_CASES[name]
+    channels_last = name != "packed-whole-taps"
+    x, w, dy = make_arrays(case, rng, dtype, channels_last)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations")}
+    parts, real = [], native._stream_part
+    monkeypatch.setattr(native, "_stream_part",
+                        lambda *a: parts.append(real(*a)) or parts[-1])
+    kernel_dtypes, streamed_dtype = [], native._streamed_dtype
+    monkeypatch.setattr(native, "_streamed_dtype", lambda *a: kernel_dtypes.append(
+        streamed_dtype(*a)) or kernel_dtypes[-1])
+
+    def nxc(a):
+        return np.ascontiguousarray(np.moveaxis(a, 1, -1))
+
+    def call():
+        kernel_dtypes.clear()
+        dw = convgrad.onednn.convolution_backward_weights(
+            nxc(x) if channels_last else np.moveaxis(x, 1, -1),
+            nxc(dy) if channels_last else np.moveaxis(dy, 1, -1), list(w.shape[2:]), **kw)
+        assert dw.dtype == np.dtype(dtype)
+        return dw, kernel_dtypes[:]
+    got = _off_and_on(monkeypatch, "WGRAD_STREAM", parts, isa, call)
+    # (the kernel's result dtype: unbound call, then the call that binds)
+    assert all(k == [np.float32] for _, k in got[:2]), [k for _, k in got]
+    assert all(k == [np.dtype(dtype)] for _, k in got[2:]), [k for _, k in got]
+    want = reference_results(case, x, w, dy)[1]
+    assert_close(np.moveaxis(np.moveaxis(got[0][0], -1, 0), -1, 1), want, dtype)
+    for other, _ in got[1:]:
+        np.testing.assert_array_equal(other.view(np.uint16), got[0][0].view(np.uint16))
+
+
 def test_stream_parts_stay_within_the_part_limits(monkeypatch):
     """Parts for one group, tasks split by outputs, results of at least
     WGRAD_STREAM_MIN_BYTES, within WGRAD_OIX_PART_BYTES and 5/8 of the L2: ResNet-50

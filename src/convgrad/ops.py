@@ -39,9 +39,9 @@ def compute(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry,
     dtype.  ``result_layouts``: the kernel layouts (``"ncx"``, ``"nxc"``)
     whose result the caller keeps without copying it (default: any), so
     that the chooser counts the copies a kernel causes (``kernels.select``).
-    ``result_in_dtype``: a float16/bfloat16 forward or data result may come
-    back in ``dtype`` itself, rounded once by a kernel that writes it (the
-    caller then casts nothing).
+    ``result_in_dtype``: a float16/bfloat16 result may come back in ``dtype``
+    itself, rounded once by a kernel that writes it (the caller then casts
+    nothing; a weight gradient only where its kernel streams it, else float32).
     """
     with settings.workspace_fixed():
         return prepare(kind, a, b, geom, dtype, result_layouts, result_in_dtype).run(a, b)
@@ -75,7 +75,7 @@ def prepare(kind: str, a: np.ndarray, b: np.ndarray, geom: ConvGeometry, dtype: 
     cdt = compute_dtype(np.dtype(dtype))
     call = describe(kind, a, b, geom, dtype, result_layouts, result_in_dtype)
     kernel = kernels.select(kind, geom, cdt, settings.algo(), call=call)
-    out_dtype = (np.dtype(dtype) if result_in_dtype and kernel.half_io and kind != "wgrad"
+    out_dtype = (np.dtype(dtype) if result_in_dtype and kernel.half_io
                  and np.dtype(dtype) != cdt and np.dtype(cdt) == np.float32 else None)
     whole = (kernels.converted_whole(describe(kind, a, b, geom, cdt), "nxc")
              if kernel.layout == "nxc" and kernel.converts and not kernel.half_io

@@ -118,7 +118,8 @@ class Kernel:
     layout: str = "ncx"
     converts: bool = False   # takes strided views in the caller's float dtype
     # ... float16/bfloat16 ones too, as they are; and fwd/dgrad return their
-    # result in the caller's float16/bfloat16 dtype when asked (fn(..., out_dtype=))
+    # result in the caller's float16/bfloat16 dtype when asked (fn(..., out_dtype=));
+    # wgrad may (else float32: the caller casts)
     half_io: bool = False
     # extra bytes by part (see the module doc); None: conversions() only
     memory: "Callable[[Call], dict[str, int]] | None" = None

@@ -564,8 +564,9 @@ def dgrad(w: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> 
     return dx
 
 
-def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
-    """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32,
+def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> np.ndarray:
+    """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32 (whatever
+    ``out_dtype``),
     partial sums over a fixed cut of the positions added in order."""
     shape = (*geom.kernel, geom.c // geom.groups, geom.o)
     if math.prod(shape) == 0 or x.size == 0 or dy.size == 0:

@@ -1067,9 +1067,9 @@ def _wgrad_budgets() -> tuple:
             min(WGRAD_BOX_BYTES, max(2**16, w // 16)), native.l2_bytes() // 2, w // 8)
 
 
-def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> np.ndarray:
-    """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32: one call
-    of its bound form (:func:`_bind_wgrad`)."""
+def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> np.ndarray:
+    """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32 (whatever
+    ``out_dtype``): one call of its bound form (:func:`_bind_wgrad`)."""
     bound = _bind_wgrad(x, dy, geom)
     if bound is None:
         return _results.zeros((*geom.kernel, geom.c // geom.groups, geom.o), np.float32)

@@ -656,6 +656,8 @@ struct WgradProblem {
                                // of an OIX result (O, C, *K) (cg_wgrad_run_shared)
     int64_t part;              // floats of the largest task's part (oix; without oix, > 0:
                                // tasks sum into scratch and stream their dw rows)
+    int64_t out_dtype;         // dw's dtype: float32, or (streamed dw rows only) float16 /
+                               // bfloat16, each sum rounded once as it is stored
 };
 
 int64_t cg_wgrad_mr(int64_t nv) { return nv >= 1 && nv <= 4 ? WG_MR[nv] : 0; }
@@ -1219,8 +1221,10 @@ void cg_wgrad_run_shared(const WgradProblem* P, int64_t* next, int64_t n, const 
                   own ? scratch + (P->part + 15) / 16 * 16 : scratch, fresh);
         if (streamed) {
             const int64_t o1 = std::min(P->O, t[3] * NB), w = o1 - o0;
+            const int64_t es = P->out_dtype == F32 ? 4 : 2;
             for (int64_t r = 0; r < nt * cg; r++)
-                store_run_streamed(dw + (t[4] * cg + r) * P->O + o0, F32, sums + r * ld, w);
+                store_run_streamed((char*)dw + es * ((t[4] * cg + r) * P->O + o0), P->out_dtype,
+                                   sums + r * ld, w);
         }
         if (P->oix) {
             const int64_t T = P->K[0] * P->K[1] * P->K[2], o1 = std::min(P->O, t[3] * NB);
