@@ -228,14 +228,28 @@ struct F3<3> {
 // C_i = c + i*NB), NB = NV*VL columns; C is overwritten (ACC: added to).
 
 template <int MR, int NV, bool ACC>
-void wgemm(int64_t np, const float* a, int64_t astride, const float* B, float* c) {
+void wgemm(int64_t np, const float* a, int64_t astride, const float* B, float* c,
+           const float* pf, int64_t pfstride) {
     constexpr int NB = NV * VL;
     vf acc[MR][NV];
 #pragma GCC unroll 16
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) acc[i][v] = zero();
+    // the next call's operand fetched into L2 as this one runs: its B (pfstride 0: a
+    // row of NB floats an iteration) or its MR rows of A (pfstride apart: a cache line
+    // an iteration)
+    const float* pr = pf;
+    int64_t pcol = 0, prow = 0;
     for (int64_t p = 0; p < np; p++) {
+        if (pf && !pfstride) {
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) __builtin_prefetch(pf + p * NB + v * VL, 0, 2);
+        } else if (pf && prow < MR) {
+            __builtin_prefetch(pr + pcol, 0, 2);
+            pcol += 16;
+            if (pcol >= np) pcol = 0, prow++, pr += pfstride;
+        }
         vf b[NV];
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) b[v] = load(B + p * NB + v * VL);
@@ -255,7 +269,8 @@ void wgemm(int64_t np, const float* a, int64_t astride, const float* B, float* c
         }
 }
 
-typedef void (*wgemm_fn)(int64_t, const float*, int64_t, const float*, float*);
+typedef void (*wgemm_fn)(int64_t, const float*, int64_t, const float*, float*, const float*,
+                         int64_t);
 
 #if CG_VL == 16
 constexpr int WMR[5] = {0, 24, 14, 9, 6};
@@ -1011,9 +1026,15 @@ void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
                         const float* Va = Vg + a * lay.astride;
                         const float* Ua = Uk + a * us;
                         float* Ma = Mb + a * mstride;
+                        // the last row block fetches the next point's (block's) B into
+                        // L2 as it goes
+                        const float* next = (cg_engine_dbg & 8388608) ? nullptr
+                                            : a + 1 < NA ? Ua + us
+                                            : k + 1 < k1 ? P->U + (k + 1) * ub : nullptr;
                         for (int64_t t0 = 0; t0 < nt; t0 += mr) {
                             const int r = (int)std::min<int64_t>(mr, nt - t0);
-                            fns[r - 1](red, Va + t0 * lay.tstride, lay.tstride, Ua, Ma + t0 * NB);
+                            fns[r - 1](red, Va + t0 * lay.tstride, lay.tstride, Ua, Ma + t0 * NB,
+                                       t0 + mr >= nt ? next : nullptr, 0);
                         }
                     }
                 } else {
@@ -1028,10 +1049,16 @@ void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
                                 const float* Va = Vg + a * lay.astride + kk * lay.pstride +
                                                   a0 / lay.kc * lay.cstride + a0 % lay.kc;
                                 float* Ma = Mb + a * mstride;
+                                // (each call fetches the next one's rows of the shared
+                                // V: the next row block, else the next point's first)
+                                const float* Vn = a + 1 < NA ? Va + lay.astride : nullptr;
                                 for (int64_t t0 = 0; t0 < nt; t0 += mr) {
                                     const int r = (int)std::min<int64_t>(mr, nt - t0);
+                                    const float* pf = (cg_engine_dbg & 16777216) ? nullptr
+                                                      : t0 + mr < nt ? Va + (t0 + mr) * lay.tstride
+                                                      : Vn;
                                     f[r - 1](a1 - a0, Va + t0 * lay.tstride, lay.tstride,
-                                             Uc + a * ucs, Ma + t0 * NB);
+                                             Uc + a * ucs, Ma + t0 * NB, pf, lay.tstride);
                                 }
                             }
                         }
