@@ -710,8 +710,40 @@ def test_the_16_float_build_logic_matches_the_naive_reference(vl16_engine, seed,
     check(list(STRUCTURAL.values())[seed], rng)
 
 
-def test_python_and_cpp_agree_on_the_weight_chunk():
-    assert winograd._lib(native.engine()).cg_wino_weight_chunk() == winograd.WEIGHT_CHUNK
+@pytest.mark.parametrize("op", ["fwd", "dgrad"])
+def test_items_transform_all_their_weights_at_once_where_they_fit(op, rng, monkeypatch):
+    """Regime "weights": an item transforms the weights of all its input channels at
+    once where they fit WHOLE_CHUNK_L2 of the L2 (res4-like 256 channels: one GEMM call
+    a point), else chunks of WEIGHT_CHUNK (res5's 512, and this layer with the share at
+    0: 80 channels as 64 + 16, the second chunk adding into the first's products) --
+    both equal to the reference, on every build."""
+    eng = native.engine()
+    for c, want_kc in ((256, 256), (512, 64)):
+        geom = make_geometry("t", **geometry(2, n=8, c=c, o=c, size=(14, 14)))
+        plan = winograd.corr_plan(geom, "dgrad", eng.vl, winograd._mr_of(eng), 4,
+                                  winograd._budgets())
+        if native.l2_bytes() >= 2 * 2**20 and eng.vl == 16:
+            assert (plan.regime, plan.kc) == ("weights", want_kc)
+    monkeypatch.setattr(winograd, "SHARED_U_BYTES", 0)
+    case = geometry(2, n=2, c=80, o=40, size=(9, 10), d=(1, 2), pb=(1, 2), pe=(2, 0))
+    if op == "dgrad":
+        case = {**case, "c": 40, "o": 80}
+    x, w, dy = make_arrays(case, rng)
+    want = reference_results(case, x, w, dy)
+    geom = make_geometry("t", **case)
+    for share, chunked in ((1.0, False), (0.0, True)):
+        monkeypatch.setattr(winograd, "WHOLE_CHUNK_L2", share)
+        for isa in ISAS:
+            with convgrad.config(isa=isa, algo="winograd"):
+                e = native.engine()
+                plan = winograd.corr_plan(geom, op, e.vl, winograd._mr_of(e), 4,
+                                          winograd._budgets())
+                assert plan.regime == "weights"
+                assert plan.kc == (winograd.WEIGHT_CHUNK if chunked else plan.cpad)
+                assert (plan.cpad > plan.kc) == chunked
+                got = (convgrad.conv_forward(x, w, **attrs(case)) if op == "fwd" else
+                       convgrad.conv_data_grad(w, dy, x.shape, **attrs(case)))
+            assert_close(got, want[0 if op == "fwd" else 2], np.float32)
 
 
 def test_tiles_cover_every_output_once():

@@ -64,8 +64,13 @@ SHARED_V_BYTES = 8 * 2**20
 # once for all of them (the depth taps' reach is transformed again by the next item).
 ITEM_PLANES = 4
 # Regime "weights": input channels per chunk of the shared transformed input and of the
-# weights an item transforms at once (native/winograd.cpp: WEIGHT_CHUNK).
+# weights an item transforms at once (CorrPlan.kc) -- all of them where their transformed
+# weights (points x channels x an output block) fit in this share of a core's L2: one
+# GEMM call a point sums every channel, none adds into the products of another chunk
+# (ResNet-50 res4's data gradient, F(4, 3), 1.18 MB: 1.07x hot and after the pause,
+# alternating; res5's 2.4 MB in chunks of 256: 0.95-0.98x, of 128: 1.01-1.02x, so 64).
 WEIGHT_CHUNK = 64
+WHOLE_CHUNK_L2 = 0.625
 # Regime "weights": tiles per item at most (its products stay in L2 next to a chunk of
 # transformed weights; each item transforms the weights of its output block again).
 WEIGHTS_ITEM_TILES = 64
@@ -86,7 +91,7 @@ class _Wino(ctypes.Structure):
                 ("U", _VP), ("w", _VP), ("wdtype", _I64), ("wst", _I64), ("wsa", _I64),
                 ("wsb", _I64), ("wgs", _I64), ("wflip", _I64), ("cpad", _I64), ("nv", _I64),
                 ("V", _VP), ("vs0", _I64), ("vs1", _I64), ("vd0", _I64), ("vd1", _I64),
-                ("items", _VP), ("bad", _VP), ("stream", _I64)]
+                ("items", _VP), ("bad", _VP), ("stream", _I64), ("wchunk", _I64)]
 
 
 class _WinoWgrad(ctypes.Structure):
@@ -101,7 +106,6 @@ def _lib(eng: native.Engine):
         i64, vp = ctypes.c_int64, ctypes.c_void_p
         for name, res, args in (("cg_wino_points", i64, [i64, i64]),
                                 ("cg_wino_mr", i64, [i64]),
-                                ("cg_wino_weight_chunk", i64, []),
                                 ("cg_wino_scratch", i64, [vp, i64, i64]),
                                 ("cg_wino_run", None, [vp, i64, i64, vp]),
                                 ("cg_wino_input_scratch", i64, [vp, i64, i64]),
@@ -364,6 +368,8 @@ class CorrPlan:
     items: np.ndarray     # per item: s0, s1, d0, d1, k0, k1
     u_floats: int         # regime "tiles": the transformed weights
     v_floats: tuple       # regime "weights": per group, its transformed input
+    kc: int               # regime "weights": input channels whose weights an item
+                          # transforms at a time (WEIGHT_CHUNK, or all: WHOLE_CHUNK_L2)
 
 
 def _corr_geometry(geom: ConvGeometry, kind: str):
@@ -384,7 +390,7 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
     """The work decomposition of a Winograd forward / data gradient (pure, cached);
     ``converted``: its input is converted line by line (:func:`_converted`)."""
     (item_v_bytes, item_tiles, shared_u, shared_v, item_planes, weights_tiles, half_l2,
-     large_u_tiles) = budgets
+     large_u_tiles, whole_chunk) = budgets
     ax = axes(geom)
     lin, lout, cin, cout, dil, off = _corr_geometry(geom, kind)
     G = geom.groups
@@ -400,6 +406,7 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
     u_floats = G * nob * na * _spread(kd * cpad * nb)
     depth = lout[0]
     items, groups_of_tiles, group_items, v_floats = [], [], [], []
+    kc = cpad if 4 * na * cpad * nb <= whole_chunk else min(WEIGHT_CHUNK, cpad)
     if u_floats * 4 <= shared_u:
         regime = "tiles"
         if u_floats * 4 > half_l2:
@@ -424,7 +431,6 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
                      for d0 in range(depth) for s0 in range(0, per_plane, tiles_fit)]
         for s0, s1, d0, d1 in spans:
             groups_of_tiles.append((s0, s1, d0, d1))
-            kc = min(WEIGHT_CHUNK, cpad)
             v_floats.append(na * _spread((s1 - s0) * (d1 - d0 + kd - 1) * G * -(-cpad // kc) * kc))
             cut = -(-(s1 - s0) // weights_tiles)
             bounds = [s0 + (s1 - s0) * i // cut for i in range(cut + 1)]
@@ -436,7 +442,7 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
     plan = CorrPlan(ax, m, lin, lout, cin, cout, G, dil, off, kd, kind == "dgrad",
                     th.reshape(-1).copy(), tw.reshape(-1).copy(), nv, cpad, regime,
                     tuple(groups_of_tiles), tuple(group_items), items, u_floats,
-                    tuple(v_floats))
+                    tuple(v_floats), kc)
     for a in (plan.tiles_h, plan.tiles_w, plan.items):
         a.setflags(write=False)
     return plan
@@ -485,7 +491,8 @@ def _spread(floats: int) -> int:
 def _budgets() -> tuple:
     w = settings.workspace_bytes()
     return (ITEM_V_BYTES, ITEM_TILES, min(SHARED_U_BYTES, w // 4), min(SHARED_V_BYTES, w // 4),
-            ITEM_PLANES, WEIGHTS_ITEM_TILES, native.l2_bytes() // 2, LARGE_U_ITEM_TILES)
+            ITEM_PLANES, WEIGHTS_ITEM_TILES, native.l2_bytes() // 2, LARGE_U_ITEM_TILES,
+            int(native.l2_bytes() * WHOLE_CHUNK_L2))
 
 
 def _converted(a: np.ndarray, isa: str) -> bool:
@@ -523,7 +530,8 @@ def _problem(plan: CorrPlan, inp: np.ndarray, w: np.ndarray, out: np.ndarray, U,
                  _tile_geom(plan), U.ctypes.data if U is not None else None,
                  w3.ctypes.data, native.DTYPE_CODES[w3.dtype], w3.strides[0] // es, wsa, wsb,
                  og * so, int(plan.flip), plan.cpad, plan.nv, None, 0, 0, 0, 0,
-                 plan.items.ctypes.data, bad.ctypes.data, int(_results.streams_channels(out)))
+                 plan.items.ctypes.data, bad.ctypes.data, int(_results.streams_channels(out)),
+                 plan.kc)
 
 
 # 16-bit weights: converted to a float32 copy once per call (True), or read in place by
@@ -865,7 +873,7 @@ def _workspace(geom: ConvGeometry, op: str, packed_in: bool, buffered_out: bool,
                      1 if buffered_out else 0, (_I64 * 3)(*plan.lout), plan.cout, plan.groups,
                      _tile_geom(plan), 1 if plan.regime == "tiles" else None, None, 0, 0, 0, 0,
                      0, 0, plan.cpad, plan.nv, None if plan.regime == "tiles" else 1, 0, 0, 0,
-                     0, plan.items.ctypes.data, None)
+                     0, plan.items.ctypes.data, None, 0, plan.kc)
         pp = ctypes.addressof(prob)
         per = max(per, int(lib.cg_wino_scratch(pp, 0, len(plan.items))))
     lout_n = geom.n * math.prod(plan.lout[:2])

@@ -355,6 +355,8 @@ struct WinoProblem {
     int64_t stream;            // a float32 channels-first result in recycled memory, 64-byte
                                // aligned channel rows: whole cache lines of a channel's run
                                // go out with streaming stores (native.py: _results.streams)
+    int64_t wchunk;            // regime "weights": the input channels whose weights an item
+                               // transforms at a time (and the shared V's chunks of them)
 };
 
 // The Winograd weight gradient (winograd.py: _WinoWgrad): dw[t][c][o] = sum over output
@@ -375,7 +377,6 @@ struct WinoWgrad {
 
 int64_t cg_wino_points(int64_t axes, int64_t m) { return axes == 2 ? (m + 2) * (m + 2) : m + 2; }
 int64_t cg_wino_mr(int64_t nv) { return nv >= 1 && nv <= 4 ? WMR[nv] : 0; }
-int64_t cg_wino_weight_chunk(void);
 int64_t cg_wino_scratch(const WinoProblem* P, int64_t lo, int64_t hi);
 void cg_wino_run(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch);
 int64_t cg_wino_input_scratch(const WinoProblem* P, int64_t s0, int64_t s1);
@@ -427,13 +428,8 @@ inline int64_t ustride(const WinoProblem* P) { return spread(P->tg.kd * P->cpad 
 inline int64_t ublock(const WinoProblem* P) { return num_points(P->tg) * ustride(P); }
 inline bool direct_out(const WinoProblem* P) { return P->out_dtype == F32 && P->ostride[4] == 1; }
 
-// Input channels of the weights an item transforms at once when they are not shared (the
-// chunk's transformed weights, points x channels x NB, stay in L2 while the GEMMs use them).
-constexpr int64_t WEIGHT_CHUNK = 64;
-
 }  // namespace
 
-int64_t cg_wino_weight_chunk(void) { return WEIGHT_CHUNK; }
 
 namespace {
 
@@ -983,7 +979,7 @@ void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
         const float* V;
         int64_t vtile0, vplane0;
         const VLayout lay = P->V ? VLayout(T, G, P->cpad, P->vs0, P->vs1, P->vd0, P->vd1,
-                                           WEIGHT_CHUNK)
+                                           P->wchunk)
                                  : VLayout(T, G, P->cpad, s0, s1, d0, d1);
         PROF_START();
         if (P->V) {
@@ -1003,7 +999,7 @@ void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
         PROF_ADD(0);
         // 2. the weights: transformed once for all items (U), or here, block by block, a
         // chunk of input channels at a time (kept in L2 while every point's GEMM uses it)
-        const int64_t kc = std::min<int64_t>(P->cpad, WEIGHT_CHUNK);
+        const int64_t kc = std::min<int64_t>(P->cpad, P->wchunk);
         const int64_t ucs = spread(kc * NB);             // a chunk's floats per point
         float* Uc = free_;
         if (!P->U) free_ += NA * ucs;
@@ -1158,7 +1154,7 @@ struct InputTiles {
         const TileGeom& T = P->tg;
         prepare_lines(P->in, T, AX == 2 ? M + 2 : 1, M + 2, T.kd, s0, s1, P->vd0, P->vd1,
                       T.off, L, scratch);
-        const VLayout lay(T, P->groups, P->cpad, P->vs0, P->vs1, P->vd0, P->vd1, WEIGHT_CHUNK);
+        const VLayout lay(T, P->groups, P->cpad, P->vs0, P->vs1, P->vd0, P->vd1, P->wchunk);
         transform_tiles<M, AX>(P->in, T, P->groups, P->cpad, L, s0, s1, P->vs0, P->vd0, lay, V);
     }
 };
@@ -1178,7 +1174,7 @@ int64_t cg_wino_scratch(const WinoProblem* P, int64_t lo, int64_t hi) {
                                  item[2], item[3], T.off);
             need += VLayout(T, P->groups, P->cpad, item[0], item[1], item[2], item[3]).floats(T);
         }
-        if (!P->U) need += num_points(T) * spread(std::min<int64_t>(P->cpad, WEIGHT_CHUNK) * NB);
+        if (!P->U) need += num_points(T) * spread(std::min<int64_t>(P->cpad, P->wchunk) * NB);
         need += num_points(T) * spread(nt * NB) + out_buffer_floats(P, nt);
         most = std::max(most, need);
     }
