@@ -46,6 +46,8 @@ extern "C" int64_t cg_engine_dbg;
 namespace cg {
 
 constexpr int VL = CG_VL;
+// vectors of VL floats a 64-byte cache line holds (at least 1): one prefetch each line
+constexpr int VL_PER_LINE = 64 / (VL * 4) > 0 ? 64 / (VL * 4) : 1;
 typedef float vf __attribute__((vector_size(VL * 4)));
 typedef float vfu __attribute__((vector_size(VL * 4), aligned(4), may_alias));
 

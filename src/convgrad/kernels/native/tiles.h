@@ -71,7 +71,7 @@ void gemm_tile(int64_t np, int64_t nl, const float* const* a, int64_t lda, int64
 #pragma GCC unroll 8
             for (int k = 0; k < BK; k++)
 #pragma GCC unroll 8
-                for (int v = 0; v < NV; v += 64 / (VL * 4) > 0 ? 64 / (VL * 4) : 1)
+                for (int v = 0; v < NV; v += VL_PER_LINE)
                     __builtin_prefetch(c[i] + k * NB + v * VL, 1, 3);
     }
 #pragma GCC unroll 64

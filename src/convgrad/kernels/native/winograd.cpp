@@ -244,10 +244,10 @@ void wgemm(int64_t np, const float* a, int64_t astride, const float* B, float* c
     for (int64_t p = 0; p < np; p++) {
         if (pf && !pfstride) {
 #pragma GCC unroll 4
-            for (int v = 0; v < NV; v++) __builtin_prefetch(pf + p * NB + v * VL, 0, 2);
+            for (int v = 0; v < NV; v += VL_PER_LINE) __builtin_prefetch(pf + p * NB + v * VL, 0, 2);
         } else if (pf && prow < MR) {
             __builtin_prefetch(pr + pcol, 0, 2);
-            pcol += 16;
+            pcol += 16;                                   // (floats of a cache line)
             if (pcol >= np) pcol = 0, prow++, pr += pfstride;
         }
         vf b[NV];
