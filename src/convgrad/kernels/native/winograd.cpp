@@ -1404,13 +1404,7 @@ struct WgradFinish {
             }
         }
         // (a sum of finite values may overflow: a false alarm only costs the recomputation)
-        alignas(64) float lanes[VL];
-        store(lanes, all * zero());
-        for (int j = 0; j < VL; j++)
-            if (lanes[j] != 0.0f) {
-                __atomic_store_n(P->bad, (int64_t)1, __ATOMIC_RELAXED);
-                break;
-            }
+        if (!finite_all(all)) __atomic_store_n(P->bad, (int64_t)1, __ATOMIC_RELAXED);
     }
 };
 
