@@ -1225,21 +1225,19 @@ STREAM_CASES = {
 }
 
 
-@pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("name", STREAM_CASES)
-def test_streamed_weight_gradients_are_the_ones_summed_in_place(isa, name, rng, monkeypatch):
-    """A (*K, C, O) result whose tasks sum their parts in scratch and stream the rows
-    (whole cache lines with streaming stores, other rows -- partial last blocks, rows not
-    64-byte aligned -- plainly) is bitwise the one summed in the result's rows, on 1, 2 and
-    3 threads, bound and unbound, inputs read in place and converted (NCX: whole-tap
-    tasks), and equal to the reference; without WGRAD_STREAM no part is made."""
+def _stream_case(monkeypatch, rng, name, dtype):
+    """STREAM_CASES[name] and its x, w, dy in ``dtype`` (channels-last but for the packed case),
+    the list the spied ``native._stream_part`` fills, and the call of its weight gradient
+    by an XIO caller (the kernel's (*K, C, O) result is the caller's); every weight
+    gradient split by outputs may stream (no serial, partial-sum or channels-first path,
+    no size floor)."""
     monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
     monkeypatch.setattr(native, "PARTIALS_BYTES", 0)
     monkeypatch.setattr(native, "WGRAD_STREAM_MIN_BYTES", 0)
     monkeypatch.setattr(native, "CF_WGRAD", False)
     case = STREAM_CASES[name]
     channels_last = name != "packed-whole-taps"
-    x, w, dy = make_arrays(case, rng, np.float32, channels_last)
+    x, w, dy = make_arrays(case, rng, dtype, channels_last)
     kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations")}
     parts, real = [], native._stream_part
     monkeypatch.setattr(native, "_stream_part",
@@ -1249,10 +1247,21 @@ def test_streamed_weight_gradients_are_the_ones_summed_in_place(isa, name, rng, 
         return np.ascontiguousarray(np.moveaxis(a, 1, -1))
 
     def call():
-        # (an XIO caller: the kernel's (*K, C, O) result is the caller's)
         return convgrad.onednn.convolution_backward_weights(
             nxc(x) if channels_last else np.moveaxis(x, 1, -1),
             nxc(dy) if channels_last else np.moveaxis(dy, 1, -1), list(w.shape[2:]), **kw)
+    return case, x, w, dy, parts, call
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", STREAM_CASES)
+def test_streamed_weight_gradients_are_the_ones_summed_in_place(isa, name, rng, monkeypatch):
+    """A (*K, C, O) result whose tasks sum their parts in scratch and stream the rows
+    (whole cache lines with streaming stores, other rows -- partial last blocks, rows not
+    64-byte aligned -- plainly) is bitwise the one summed in the result's rows, on 1, 2 and
+    3 threads, bound and unbound, inputs read in place and converted (NCX: whole-tap
+    tasks), and equal to the reference; without WGRAD_STREAM no part is made."""
+    case, x, w, dy, parts, call = _stream_case(monkeypatch, rng, name, np.float32)
     got = _off_and_on(monkeypatch, "WGRAD_STREAM", parts, isa, call)
     want = reference_results(case, x, w, dy)[1]
     assert_close(np.moveaxis(np.moveaxis(got[0], -1, 0), -1, 1), want, np.float32)
@@ -1270,29 +1279,14 @@ def test_16_bit_streamed_weight_gradients_round_their_float32_sums_once(isa, dty
     rounded once, i.e. the result without streaming (float32 dw narrowed by the
     front-end), on 1, 2 and 3 threads, bound and unbound, inputs read in place and
     converted; the kernel's own result is 16-bit exactly when it streams."""
-    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
-    monkeypatch.setattr(native, "PARTIALS_BYTES", 0)
-    monkeypatch.setattr(native, "WGRAD_STREAM_MIN_BYTES", 0)
-    monkeypatch.setattr(native, "CF_WGRAD", False)
-    case = STREAM_CASES[name]
-    channels_last = name != "packed-whole-taps"
-    x, w, dy = make_arrays(case, rng, dtype, channels_last)
-    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations")}
-    parts, real = [], native._stream_part
-    monkeypatch.setattr(native, "_stream_part",
-                        lambda *a: parts.append(real(*a)) or parts[-1])
+    case, x, w, dy, parts, xio_call = _stream_case(monkeypatch, rng, name, dtype)
     kernel_dtypes, streamed_dtype = [], native._streamed_dtype
     monkeypatch.setattr(native, "_streamed_dtype", lambda *a: kernel_dtypes.append(
         streamed_dtype(*a)) or kernel_dtypes[-1])
 
-    def nxc(a):
-        return np.ascontiguousarray(np.moveaxis(a, 1, -1))
-
     def call():
         kernel_dtypes.clear()
-        dw = convgrad.onednn.convolution_backward_weights(
-            nxc(x) if channels_last else np.moveaxis(x, 1, -1),
-            nxc(dy) if channels_last else np.moveaxis(dy, 1, -1), list(w.shape[2:]), **kw)
+        dw = xio_call()
         assert dw.dtype == np.dtype(dtype)
         return dw, kernel_dtypes[:]
     got = _off_and_on(monkeypatch, "WGRAD_STREAM", parts, isa, call)
