@@ -1306,12 +1306,16 @@ def test_stream_parts_stay_within_the_part_limits(monkeypatch):
     from convgrad.geometry import make_geometry
     geom = make_geometry("test", **_geometry(2, c=512, o=512, size=7, k=3, n=8))
     eng = native.engine()
+    monkeypatch.setattr(native, "l2_bytes", lambda: 2 << 20)     # (a Sapphire Rapids core)
     plan = native._wgrad_plan_of(eng, geom, 2)
     tasks = native._wgrad_tasks(plan, geom, False, 2)
     part = native._stream_part(plan, geom, tasks, eng.vl)
     assert part == 3 * 512 * max(t[3] - t[2] for t in tasks) * plan.nv * eng.vl
     assert 0 < 4 * part <= min(native.WGRAD_OIX_PART_BYTES, native.l2_bytes() * 5 // 8)
     monkeypatch.setattr(native, "WGRAD_OIX_PART_BYTES", 1024)
+    assert native._stream_part(plan, geom, tasks, eng.vl) == 0
+    monkeypatch.setattr(native, "WGRAD_OIX_PART_BYTES", 2**30)
+    monkeypatch.setattr(native, "l2_bytes", lambda: 1 << 20)    # (Zen 4, Zen 5: 786 KiB parts)
     assert native._stream_part(plan, geom, tasks, eng.vl) == 0
     monkeypatch.setattr(native, "WGRAD_OIX_PART_BYTES", 2**30)
     monkeypatch.setattr(native, "WGRAD_STREAM_MIN_BYTES", 4 * 9 * 512 * 512 + 1)
@@ -1325,6 +1329,7 @@ def test_oix_tasks_take_every_tap_of_equal_block_ranges(monkeypatch):
     from convgrad.geometry import make_geometry
     geom = make_geometry("test", **_geometry(2, c=512, o=512, size=7, k=3, n=8))
     eng = native.engine()
+    monkeypatch.setattr(native, "l2_bytes", lambda: 2 << 20)     # (a Sapphire Rapids core)
     plan, _ = native._wgrad_problem(eng, np.zeros((8, 7, 7, 512), np.float32),
                                     np.zeros((8, 7, 7, 512), np.float32), geom, 2)
     assert plan.split_outputs
