@@ -134,10 +134,12 @@ WGRAD_TASKS_PER_THREAD = 4
 # (8 tasks), but 16 tasks of 0.56 MiB (each re-packing x) were 1.05-1.13x after the
 # pause and 0.82-0.89x hot: so the tasks are as many as the grid's (the fewest equal
 # ranges of at least WGRAD_TASKS_PER_THREAD a thread), and a part takes at most this
-# and at most 5/8 of a core's L2 (l2_bytes: 2 MiB here, 1 MiB on a Zen 4, where res5
-# keeps the permuted copy).
+# and at most 5/8 of a core's L2 (l2_bytes: 2 MiB on a Sapphire Rapids, 1 MiB on a Zen 4
+# or Zen 5, where res5 keeps the permuted copy: its 16 tasks of one block, 0.56 MiB
+# parts, measured 0.88x after the pause on a Zen 5, separate processes, 2026-11-27).
 WGRAD_OIX = True
 WGRAD_OIX_PART_BYTES = 5 * 2**18
+WGRAD_OIX_PART_L2 = 5 / 8
 # wgrad split by outputs, one group, a (*K, C, O) result of at least WGRAD_STREAM_MIN_BYTES:
 # each task sums its part in scratch too (within the same limits as the OIX parts) and
 # streams its whole dw rows into the result (streaming stores where a row is whole cache
@@ -145,9 +147,13 @@ WGRAD_OIX_PART_BYTES = 5 * 2**18
 # benchmark's pause the result's lines no longer had to be read before they were written:
 # ResNet-50 res5 NXC 7.15-7.21 -> 5.91-5.98 ms (1.21x; hot 1.03x), DCGAN NXC 1.07x (hot
 # 1.08x: the tiles' sums in a compact part), NCX 1.02x; res3 stride 2 (0.6 MB) level or
-# 0.97-0.99x, so not below 1 MiB (2 threads, separate processes, 2026-11-27).
+# 0.97-0.99x, so not below 1 MiB (2 threads, separate processes, 2026-11-27).  A streamed
+# part may take 3/4 of a core's L2 (its sums are all it keeps there): on a Zen 5 (1 MiB
+# L2) res5's 768 KiB parts, against the unstreamed kernel, after the pause, 6 rounds of
+# separate processes: NXC float32 7.30 -> 6.79 ms, bfloat16 7.68 -> 6.67 (2026-11-27).
 WGRAD_STREAM = True
 WGRAD_STREAM_MIN_BYTES = 2**20
+WGRAD_STREAM_PART_L2 = 3 / 4
 
 
 class _Tensor(ctypes.Structure):
@@ -1608,22 +1614,24 @@ def _oix_tasks(plan: WgradPlan, geom: ConvGeometry, in_place: bool, threads: int
     return (tasks, part) if _part_fits(part) else ([], 0)
 
 
-def _part_fits(floats: int) -> bool:
+def _part_fits(floats: int, l2_share: float | None = None) -> bool:
     """Whether a task's part of the gradient, summed in scratch, stays within
-    WGRAD_OIX_PART_BYTES and 5/8 of a core's L2."""
-    return 4 * floats <= min(WGRAD_OIX_PART_BYTES, l2_bytes() * 5 // 8)
+    WGRAD_OIX_PART_BYTES and ``l2_share`` (else WGRAD_OIX_PART_L2) of a core's L2."""
+    share = WGRAD_OIX_PART_L2 if l2_share is None else l2_share
+    return 4 * floats <= min(WGRAD_OIX_PART_BYTES, int(l2_bytes() * share))
 
 
 def _stream_part(plan: WgradPlan, geom: ConvGeometry, tasks: list, vl: int) -> int:
     """The floats of the largest part of the wgrad kernel's ``tasks`` (lo, hi, b0, b1,
     t0, t1) where each sums its part in scratch and streams its dw rows into a (*K, C, O)
     result (WGRAD_STREAM: one group, tasks split by outputs, a result of at least
-    WGRAD_STREAM_MIN_BYTES, parts within the OIX parts' limits); else 0."""
+    WGRAD_STREAM_MIN_BYTES, parts within WGRAD_OIX_PART_BYTES and WGRAD_STREAM_PART_L2
+    of the L2); else 0."""
     if not (WGRAD_STREAM and geom.groups == 1 and plan.split_outputs and tasks
             and 4 * math.prod(geom.kernel) * geom.c * geom.o >= WGRAD_STREAM_MIN_BYTES):
         return 0
     part = max((t[5] - t[4]) * geom.c * (t[3] - t[2]) for t in tasks) * plan.nv * vl
-    return part if _part_fits(part) else 0
+    return part if _part_fits(part, WGRAD_STREAM_PART_L2) else 0
 
 
 def _bind_sum_parts(lib, size: int, chunks: int, threads: int):
