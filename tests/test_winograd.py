@@ -142,15 +142,19 @@ def test_every_work_decomposition_agrees(rng, monkeypatch):
     with convgrad.config(algo="reference"):
         want = three(case, x, w, dy)
     eng = native.engine()
-    for shared_u, shared_v, partials, box, weights_tiles in (
-            (2**30, 2**30, 2**30, 2**30, 64), (0, 2**30, 0, 2**30, 64),
-            (0, 2**12, 0, 2**12, 64), (0, 2**12, 0, 2**12, 5)):
+    # (weights_l2: items of the "weights" regime grow to whole groups of tiles where
+    # their products fit that share of the L2, as they do here with the default; 0:
+    # items of weights_tiles)
+    for shared_u, shared_v, partials, box, weights_tiles, weights_l2 in (
+            (2**30, 2**30, 2**30, 2**30, 64, 0), (0, 2**30, 0, 2**30, 64, 0.85),
+            (0, 2**12, 0, 2**12, 64, 0), (0, 2**12, 0, 2**12, 5, 0)):
         monkeypatch.setattr(winograd, "SHARED_U_BYTES", shared_u)
         monkeypatch.setattr(winograd, "SHARED_V_BYTES", shared_v)
         monkeypatch.setattr(winograd, "PARTIALS_BYTES", partials)
         monkeypatch.setattr(winograd, "WGRAD_BOX_BYTES", box)
         monkeypatch.setattr(winograd, "ITEM_TILES", 7)
         monkeypatch.setattr(winograd, "WEIGHTS_ITEM_TILES", weights_tiles)
+        monkeypatch.setattr(winograd, "WEIGHTS_ITEM_L2", weights_l2)
         geom = make_geometry("t", **case)
         for op in ("fwd", "dgrad"):
             plan = winograd.corr_plan(geom, op, eng.vl, winograd._mr_of(eng), 4,
@@ -164,6 +168,10 @@ def test_every_work_decomposition_agrees(rng, monkeypatch):
                 assert bounds[0] == 0 and bounds[-1] == len(plan.items)
                 assert all(a == b for a, b in zip(bounds[1:-1:2], bounds[2::2]))
                 sizes = {i1 - i0 for i0, i1 in plan.group_items}
+                if weights_l2:           # (one item a group and output block: all its tiles)
+                    for (s0, s1, _, _), (i0, i1) in zip(plan.groups_of_tiles,
+                                                        plan.group_items):
+                        assert (plan.items[i0:i1, :2] == (s0, s1)).all(), plan.items
                 if op == "dgrad":
                     assert (len(sizes) > 1) == (weights_tiles == 5 and shared_v < 2**20)
         plan = winograd.wgrad_plan(geom, eng.vl, 4, winograd._wgrad_budgets())
@@ -744,6 +752,33 @@ def test_items_transform_all_their_weights_at_once_where_they_fit(op, rng, monke
                 got = (convgrad.conv_forward(x, w, **attrs(case)) if op == "fwd" else
                        convgrad.conv_data_grad(w, dy, x.shape, **attrs(case)))
             assert_close(got, want[0 if op == "fwd" else 2], np.float32)
+
+
+def test_weights_items_take_the_tiles_whose_products_fit_the_l2(monkeypatch):
+    """Regime "weights": an item takes as many tiles as its products and chunk of
+    transformed weights (4 * points * NB * (tiles + kc) bytes) fit in WEIGHTS_ITEM_L2 of
+    a core's L2, at least WEIGHTS_ITEM_TILES: ResNet-50 res4's data gradient (128 tiles,
+    8 output blocks of 32 on AVX-512) transforms each block's weights once, in 8 items,
+    with a 1 MiB L2 (chunks of 64: 885 KB) and with 2 MiB (whole chunks: 1.77 MB); items
+    of 64 tiles (16) where the share is smaller."""
+    eng = native.engine()
+    if eng.vl != 16:
+        pytest.skip("the figures are those of the AVX-512 build's 32-channel blocks")
+    geom = make_geometry("t", **geometry(2, n=8, c=256, o=256, size=(14, 14)))
+
+    def items(l2, share):
+        monkeypatch.setattr(native, "l2_bytes", lambda: l2)
+        monkeypatch.setattr(winograd, "WEIGHTS_ITEM_L2", share)
+        plan = winograd.corr_plan(geom, "dgrad", eng.vl, winograd._mr_of(eng), 4,
+                                  winograd._budgets())
+        assert plan.regime == "weights" and plan.groups_of_tiles == ((0, 128, 0, 1),)
+        assert sorted({(int(a), int(b)) for a, b in plan.items[:, 4:6]}) == [
+            (k, k + 1) for k in range(8)]            # (every output block, one at a time)
+        return plan.kc, sorted({int(b) - int(a) for a, b in plan.items[:, :2]})
+    assert items(1 << 20, 0.85) == (64, [128])
+    assert items(2 << 20, 0.85) == (256, [128])
+    assert items(1 << 20, 0.8) == (64, [64])
+    assert items(2 << 20, 0.8) == (256, [64])
 
 
 def test_tiles_cover_every_output_once():

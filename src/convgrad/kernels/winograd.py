@@ -71,9 +71,16 @@ ITEM_PLANES = 4
 # alternating; res5's 2.4 MB in chunks of 256: 0.95-0.98x, of 128: 1.01-1.02x, so 64).
 WEIGHT_CHUNK = 64
 WHOLE_CHUNK_L2 = 0.625
-# Regime "weights": tiles per item at most (its products stay in L2 next to a chunk of
-# transformed weights; each item transforms the weights of its output block again).
+# Regime "weights": tiles per item (each item transforms the weights of its output block
+# again): at least WEIGHTS_ITEM_TILES, more while the item's products and its chunk of
+# transformed weights, 4 * points * NB * (tiles + kc) bytes, fit in this share of a core's
+# L2.  ResNet-50 res4's data gradient on a Zen 5 (1 MiB L2, chunks of 64): items of all
+# 128 tiles (885 KB) instead of 64 transform each block's weights once, not twice -- 1.06x
+# NXC, 1.05x NCX after the pause (separate processes alternating, 4-5 rounds); the
+# per-phase profile: weight transform 0.80-1.04 -> 0.43-0.58 core-ms, GEMMs level.  (Not
+# measured on a 2 MiB L2, where res4 takes whole-channel chunks: 1.77 MB, also 128.)
 WEIGHTS_ITEM_TILES = 64
+WEIGHTS_ITEM_L2 = 0.85
 
 
 class _TileGeom(ctypes.Structure):
@@ -390,7 +397,7 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
     """The work decomposition of a Winograd forward / data gradient (pure, cached);
     ``converted``: its input is converted line by line (:func:`_converted`)."""
     (item_v_bytes, item_tiles, shared_u, shared_v, item_planes, weights_tiles, half_l2,
-     large_u_tiles, whole_chunk) = budgets
+     large_u_tiles, whole_chunk, weights_l2) = budgets
     ax = axes(geom)
     lin, lout, cin, cout, dil, off = _corr_geometry(geom, kind)
     G = geom.groups
@@ -422,6 +429,7 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
         regime = "weights"
         # groups of tiles whose transformed input fits: whole planes of tiles first
         rowlen1 = kd * G * cpad
+        weights_fit = int(weights_l2) // (4 * na * nb) - kc
         tiles_fit = max(mr, shared_v // (4 * na * rowlen1))
         if tiles_fit >= per_plane:
             planes = max(1, min(depth, (shared_v // (4 * na * per_plane * G * cpad)) - kd + 1))
@@ -432,7 +440,7 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
         for s0, s1, d0, d1 in spans:
             groups_of_tiles.append((s0, s1, d0, d1))
             v_floats.append(na * _spread((s1 - s0) * (d1 - d0 + kd - 1) * G * -(-cpad // kc) * kc))
-            cut = -(-(s1 - s0) // weights_tiles)
+            cut = -(-(s1 - s0) // max(weights_tiles, weights_fit))
             bounds = [s0 + (s1 - s0) * i // cut for i in range(cut + 1)]
             first = len(items)
             items += [(a, b, d0, d1, k, k + 1) for k in range(G * nob)
@@ -492,7 +500,7 @@ def _budgets() -> tuple:
     w = settings.workspace_bytes()
     return (ITEM_V_BYTES, ITEM_TILES, min(SHARED_U_BYTES, w // 4), min(SHARED_V_BYTES, w // 4),
             ITEM_PLANES, WEIGHTS_ITEM_TILES, native.l2_bytes() // 2, LARGE_U_ITEM_TILES,
-            int(native.l2_bytes() * WHOLE_CHUNK_L2))
+            int(native.l2_bytes() * WHOLE_CHUNK_L2), int(native.l2_bytes() * WEIGHTS_ITEM_L2))
 
 
 def _converted(a: np.ndarray, isa: str) -> bool:
