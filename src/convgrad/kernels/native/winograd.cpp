@@ -775,8 +775,9 @@ inline int64_t out_buffer_floats(const WinoProblem* P, int64_t nt) {
 // Rows a in [a0, a0 + na) x taps [0, T) x columns [0, nvalid) of one block of the
 // weights (element (t, a, b) at src + t*st + a*sa + b*sb, dtype) into buf[a - a0][t][NB]
 // as float32, zeros past nvalid.  Weights are read along whichever axis is contiguous:
-// columns as vectors; rows or taps in 8 x 8 blocks, transposed (16-bit ones widened
-// first; engine debug bit 4194304: 16-bit weights element by element at their stride).
+// columns as vectors; rows or taps (forwards or backwards) in 8 x 8 blocks, transposed
+// (16-bit ones widened first; engine debug bit 4194304: 16-bit weights element by element
+// at their stride; bit 67108864: taps never read as runs).
 void gather_weights(const char* src, int64_t dtype, int64_t st, int64_t sa, int64_t sb,
                     int64_t a0, int na, int T, int nvalid, int NB, float* buf) {
     const int64_t es = itemsize(dtype);
@@ -802,22 +803,32 @@ void gather_weights(const char* src, int64_t dtype, int64_t st, int64_t sa, int6
     for (int i = 0; i < na; i++)
         for (int t = 0; t < T; t++)
             for (int b = nvalid; b < NB; b++) buf[(i * T + t) * NB + b] = 0.0f;
-    if (sb == 1 || (st != 1 && sa != 1) || (dtype != F32 && (cg_engine_dbg & 4194304))) {
+    const bool taps_run = (st == 1 || st == -1) && !(cg_engine_dbg & 67108864);
+    if (sb == 1 || (!taps_run && sa != 1) || (dtype != F32 && (cg_engine_dbg & 4194304))) {
         for (int i = 0; i < na; i++)
             for (int t = 0; t < T; t++)
                 convert_run(buf + (i * T + t) * NB, elem(t, a0 + i, 0), dtype, sb, nvalid);
         return;
     }
     const int b8 = nvalid / 8 * 8;
-    if (st == 1) {
-        // taps contiguous (OIX weights): 8 columns x 8 taps per transpose
+    if (taps_run) {
+        // taps contiguous (OIX weights): 8 columns x 8 taps per transpose; a data
+        // gradient's flipped taps run backwards (st = -1), so each block is read from
+        // its last tap and its rows stored last first.  The taps past the last 8 (a 3x3
+        // kernel's ninth) as strided runs of the columns.
         const int t8 = T / 8 * 8;
         for (int i = 0; i < na; i++) {
             float* o = buf + i * T * NB;
             for (int b = 0; b < b8; b += 8)
-                for (int t = 0; t < t8; t += 8) block8(elem(t, a0 + i, b), sb, o + t * NB + b, NB);
-            for (int t = 0; t < T; t++)
-                for (int b = (t < t8 ? b8 : 0); b < nvalid; b++) o[t * NB + b] = value(t, a0 + i, b);
+                for (int t = 0; t < t8; t += 8) {
+                    if (st == 1)
+                        block8(elem(t, a0 + i, b), sb, o + t * NB + b, NB);
+                    else
+                        block8(elem(t + 7, a0 + i, b), sb, o + (t + 7) * NB + b, -(int64_t)NB);
+                }
+            for (int t = t8; t < T; t++) convert_run(o + t * NB, elem(t, a0 + i, 0), dtype, sb, nvalid);
+            for (int t = 0; t < t8; t++)
+                for (int b = b8; b < nvalid; b++) o[t * NB + b] = value(t, a0 + i, b);
         }
         return;
     }
