@@ -72,15 +72,18 @@ ITEM_PLANES = 4
 WEIGHT_CHUNK = 64
 WHOLE_CHUNK_L2 = 0.625
 # Regime "weights": tiles per item (each item transforms the weights of its output block
-# again): at least WEIGHTS_ITEM_TILES, more while the item's products and its chunk of
-# transformed weights, 4 * points * NB * (tiles + kc) bytes, fit in this share of a core's
-# L2.  ResNet-50 res4's data gradient on a Zen 5 (1 MiB L2, chunks of 64): items of all
-# 128 tiles (885 KB) instead of 64 transform each block's weights once, not twice -- 1.06x
-# NXC, 1.05x NCX after the pause (separate processes alternating, 4-5 rounds); the
-# per-phase profile: weight transform 0.80-1.04 -> 0.43-0.58 core-ms, GEMMs level.  (Not
-# measured on a 2 MiB L2, where res4 takes whole-channel chunks: 1.77 MB, also 128.)
+# again): at least WEIGHTS_ITEM_TILES, more while what its GEMMs keep in L2 fits in this
+# share of a core's L2: its products and its chunk of transformed weights (all points),
+# 4 * points * NB * (tiles + kc) bytes, and the input rows of the point being multiplied
+# and of the next one, prefetched (2 * 4 * tiles * kc).  ResNet-50 res4's data gradient
+# on a Zen 5 (1 MiB L2, chunks of 64): items of all 128 tiles (0.95 MB) instead of 64
+# transform each block's weights once, not twice -- 1.06x NXC, 1.05x NCX after the pause
+# (separate processes alternating, 4-5 rounds); the per-phase profile: weight transform
+# 0.80-1.04 -> 0.43-0.58 core-ms, GEMMs level.  On a 2 MiB L2 res4 takes whole-channel
+# chunks (1.18 MB), and 128 tiles would need 2.03 MB: it keeps the 64-tile items it was
+# measured with.
 WEIGHTS_ITEM_TILES = 64
-WEIGHTS_ITEM_L2 = 0.85
+WEIGHTS_ITEM_L2 = 0.92
 
 
 class _TileGeom(ctypes.Structure):
@@ -429,7 +432,7 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
         regime = "weights"
         # groups of tiles whose transformed input fits: whole planes of tiles first
         rowlen1 = kd * G * cpad
-        weights_fit = int(weights_l2) // (4 * na * nb) - kc
+        weights_fit = (int(weights_l2) // 4 - na * nb * kc) // (na * nb + 2 * kc)
         tiles_fit = max(mr, shared_v // (4 * na * rowlen1))
         if tiles_fit >= per_plane:
             planes = max(1, min(depth, (shared_v // (4 * na * per_plane * G * cpad)) - kd + 1))
