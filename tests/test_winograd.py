@@ -143,8 +143,8 @@ def test_every_work_decomposition_agrees(rng, monkeypatch):
         want = three(case, x, w, dy)
     eng = native.engine()
     # (weights_l2: items of the "weights" regime grow to whole groups of tiles where
-    # their products fit that share of the L2, as they do here with the default; 0:
-    # items of weights_tiles)
+    # what their GEMMs keep in L2 fits that share of it, as it does here with the
+    # default; 0: items of weights_tiles)
     for shared_u, shared_v, partials, box, weights_tiles, weights_l2 in (
             (2**30, 2**30, 2**30, 2**30, 64, 0), (0, 2**30, 0, 2**30, 64, 0.92),
             (0, 2**12, 0, 2**12, 64, 0), (0, 2**12, 0, 2**12, 5, 0)):

@@ -1611,14 +1611,13 @@ def _oix_tasks(plan: WgradPlan, geom: ConvGeometry, in_place: bool, threads: int
     tasks = [(0, len(plan.items), b0, b1, t0, t1)
              for t0, t1, b0, b1 in _wgrad_grid(ntap, ntap, plan.nblocks, threads)]
     part = ntap * geom.c * max(b1 - b0 for _, _, b0, b1, _, _ in tasks) * plan.nv * vl
-    return (tasks, part) if _part_fits(part) else ([], 0)
+    return (tasks, part) if _part_fits(part, WGRAD_OIX_PART_L2) else ([], 0)
 
 
-def _part_fits(floats: int, l2_share: float | None = None) -> bool:
+def _part_fits(floats: int, l2_share: float) -> bool:
     """Whether a task's part of the gradient, summed in scratch, stays within
-    WGRAD_OIX_PART_BYTES and ``l2_share`` (else WGRAD_OIX_PART_L2) of a core's L2."""
-    share = WGRAD_OIX_PART_L2 if l2_share is None else l2_share
-    return 4 * floats <= min(WGRAD_OIX_PART_BYTES, int(l2_bytes() * share))
+    WGRAD_OIX_PART_BYTES and ``l2_share`` of a core's L2."""
+    return 4 * floats <= min(WGRAD_OIX_PART_BYTES, int(l2_bytes() * l2_share))
 
 
 def _stream_part(plan: WgradPlan, geom: ConvGeometry, tasks: list, vl: int) -> int:
