@@ -817,12 +817,13 @@ def test_channels_first_calls_take_winograd_like_channels_last_ones(rng):
 
 
 def test_weight_gradients_with_few_tiles_stay_direct():
-    """ResNet-50 res5's weight gradient sums over 8 x 2 x 2 tiles only (measured 1.2-1.5x
-    slower than the direct engine): not preferred; res4 (128 tiles: preferred where its
-    sums do not rule it out, see the test above) and res5's data gradient are."""
-    res5 = make_geometry("t", **geometry(2, n=8, c=512, o=512, size=7))
+    """ResNet-50 res5's weight gradient at batch 4 sums over 4 x 2 x 2 tiles only: not
+    preferred (at batch 8, 32 tiles, its fused tasks are, see below; unfused they
+    measured 1.2-1.5x slower than the direct engine); res4 (128 tiles: preferred where
+    its sums do not rule it out, see the test above) and res5's data gradient are."""
+    res5 = make_geometry("t", **geometry(2, n=4, c=512, o=512, size=7))
     res4 = make_geometry("t", **geometry(2, n=8, c=256, o=256, size=14))
-    assert winograd.wgrad_tiles(res5) == 32 and winograd.wgrad_tiles(res4) == 128
+    assert winograd.wgrad_tiles(res5) == 16 and winograd.wgrad_tiles(res4) == 128
     assert not winograd.preferred(res5, "wgrad")
     assert not winograd._preferred(res5, "wgrad", 4, 8)
     assert winograd.preferred(res5, "dgrad") and winograd._preferred(res4, "wgrad", 4, 8)
@@ -941,3 +942,87 @@ def test_weight_gradient_items_of_less_than_two_rows_stay_within_one(isa, channe
         np.testing.assert_array_equal(got[-2], got[-1])
     winograd.wgrad_plan.cache_clear()             # (none made with the test's budgets stays)
     assert crossing == [False, True]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("r,c,o,size,dtype,channels_last", [
+    (1, 40, 70, 37, np.float32, True), (2, 37, 45, (11, 9), np.float32, False),
+    (2, 24, 33, (7, 7), np.float16, True), (3, 19, 21, (3, 6, 5), bfloat16, False)],
+    ids=["1d", "2d-ncx-tails", "2d-f16", "3d-bf16-ncx"])
+def test_weight_gradient_tasks_of_one_item_are_fused(isa, r, c, o, size, dtype, channels_last,
+                                                     rng, monkeypatch):
+    """Boxed sums whose every box is one item (all its tiles): each task finishes a
+    register tile's sums over every point as soon as they are made (WgradPlan.fused),
+    never keeping the box's -- the same bits as the box's sums zeroed, filled and
+    finished (``WGRAD_FUSED`` False), on 1 and 3 threads, equal to the reference, a NaN
+    reaching the outputs the direct kernels give it; per-thread scratch one register
+    tile's sums instead of a box's."""
+    monkeypatch.setattr(winograd, "PARTIALS_BYTES", 0)
+    monkeypatch.setattr(winograd, "WGRAD_BOX_BYTES", 2**15)
+    case = geometry(r, n=2, c=c, o=o, size=size, d=1 if r == 3 else 2)
+    geom = make_geometry("t", **case)
+    x, w, dy = make_arrays(case, rng, dtype, channels_last)
+    want = reference_results(case, x, w, dy)[1]
+    got, scratch = {}, {}
+    with convgrad.config(isa=isa):
+        eng = native.engine()
+        winograd.wgrad_plan.cache_clear()
+        plan = winograd.wgrad_plan(geom, eng.vl, 4, winograd._wgrad_budgets())
+        assert plan.fused and len(plan.tasks) > 2, plan.tasks
+        for fused in (True, False):
+            monkeypatch.setattr(winograd, "WGRAD_FUSED", fused)
+            winograd._workspace.cache_clear()
+            scratch[fused] = winograd.workspace(geom, "wgrad")["per-thread scratch"]
+            for threads in (1, 3):
+                with convgrad.config(algo="winograd", threads=threads):
+                    got[fused, threads] = convgrad.conv_weight_grad(x, dy, w.shape,
+                                                                    **attrs(case))
+        bad = x.copy()
+        bad[(1, 3) + (2,) * r] = np.nan
+        with convgrad.config(algo="winograd"):
+            nan = convgrad.conv_weight_grad(bad, dy, w.shape, **attrs(case))
+        with convgrad.config(precision="highest"):
+            nan_direct = convgrad.conv_weight_grad(bad, dy, w.shape, **attrs(case))
+    winograd.wgrad_plan.cache_clear()
+    winograd._workspace.cache_clear()
+    for key in got:
+        np.testing.assert_array_equal(got[key], got[True, 1])
+    assert_close(got[True, 1], want, dtype)
+    assert np.isnan(nan).any()
+    np.testing.assert_array_equal(np.isnan(nan), np.isnan(nan_direct))
+    assert scratch[True] <= scratch[False]      # (smaller where a box outgrows a tile's)
+
+
+def test_weight_gradients_of_few_tiles_take_winograd_only_when_fused():
+    """A weight gradient of fewer than WGRAD_MIN_TILES tiles stays direct unless its
+    tasks are fused and it has at least WGRAD_FUSED_MIN_TILES tiles: ResNet-50 res5 (32
+    tiles of 4 x 4, 36 MiB of boxed sums) takes Winograd on every build, at batch 4 (16
+    tiles) it does not, nor without fused tasks (``WGRAD_FUSED`` False).  Fused, its
+    threads' scratch holds one register tile's sums (36 points x 448 floats on AVX-512),
+    not a box's (1.1 MiB)."""
+    res5 = make_geometry("t", **geometry(2, n=8, c=512, o=512, size=7))
+    res5_n4 = make_geometry("t", **geometry(2, n=4, c=512, o=512, size=7))
+    for vl in (8, 16):
+        assert winograd.wgrad_plan(res5, vl, 4, winograd._wgrad_budgets()).fused
+        assert winograd.wgrad_tiles(res5, 4) == 32
+        assert winograd.WGRAD_FUSED_MIN_TILES <= 32 < winograd.WGRAD_MIN_TILES
+        assert winograd._preferred(res5, "wgrad", 4, vl, True)
+        assert not winograd._preferred(res5, "wgrad", 4, vl, False)
+        assert winograd.wgrad_tiles(res5_n4, 4) == 16
+        assert not winograd._preferred(res5_n4, "wgrad", 4, vl, True)
+    assert winograd.preferred(res5, "wgrad")
+    assert kernels.select("wgrad", res5, np.float32).name == "winograd"
+    scratch = {}
+    winograd._preferred.cache_clear()
+    try:
+        for fused in (True, False):
+            winograd.WGRAD_FUSED = fused
+            winograd._workspace.cache_clear()
+            scratch[fused] = winograd.workspace(res5, "wgrad")["per-thread scratch"]
+        assert not winograd.preferred(res5, "wgrad")
+    finally:
+        winograd.WGRAD_FUSED = True
+        winograd._preferred.cache_clear()
+        winograd._workspace.cache_clear()
+    threads = native._threads(res5.flops)
+    assert scratch[False] - scratch[True] > threads * 2**20

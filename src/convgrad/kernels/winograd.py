@@ -122,6 +122,7 @@ def _lib(eng: native.Engine):
                                 ("cg_wino_input", None, [vp, i64, i64, vp, vp]),
                                 ("cg_wino_weights", None, [vp, i64, i64, vp]),
                                 ("cg_wino_wgrad_scratch", i64, [vp, i64, i64]),
+                                ("cg_wino_wgrad_fused_floats", i64, [vp]),
                                 ("cg_wino_wgrad_task", None, [vp, vp, i64, vp]),
                                 ("cg_wino_wgrad_finish_rows", None, [vp, vp, i64, i64])):
             fn = getattr(lib, name)
@@ -276,16 +277,21 @@ def preferred(geom: ConvGeometry, op: str) -> bool:
     if settings.precision() == "highest" or axes(geom) is None or geom.flops == 0:
         return False
     vl = native.engine().vl if native.available() is None else 8
-    return _preferred(geom, op, tile_size(geom, op), vl)
+    m = tile_size(geom, op)
+    fused = (op == "wgrad" and WGRAD_FUSED
+             and wgrad_plan(geom, vl, m, _wgrad_budgets()).fused)
+    return _preferred(geom, op, m, vl, fused)
 
 
 @functools.lru_cache(maxsize=1024)
-def _preferred(geom: ConvGeometry, op: str, m: int, vl: int = 8) -> bool:
+def _preferred(geom: ConvGeometry, op: str, m: int, vl: int = 8, fused: bool = False) -> bool:
     """:func:`preferred` at the default precision with tiles of m, for the engine build
-    of ``vl`` floats a vector (pure: cached per problem)."""
+    of ``vl`` floats a vector, a weight gradient's tasks ``fused`` or not (pure: cached
+    per problem)."""
     if error_estimate(geom, op, m) > ERROR_BOUND:
         return False
-    if op == "wgrad" and wgrad_tiles(geom, m) < WGRAD_MIN_TILES:
+    if op == "wgrad" and wgrad_tiles(geom, m) < (WGRAD_FUSED_MIN_TILES if fused
+                                                 else WGRAD_MIN_TILES):
         return False
     speedup = speedup_estimate(geom, op, m)
     if vl >= 16 and op == "wgrad" and _sums_too_large(geom, m):
@@ -338,6 +344,15 @@ def wgrad_sums_bytes(geom: ConvGeometry, m: int | None = None) -> int:
 # ResNet-50 res5 (8 x 2 x 2 = 32 tiles of 4x4) 1.53 NXC / 1.24 NCX (slower); res4 (128
 # tiles) 0.99 / 0.74; DeepLab d6 (324) 0.69 / 0.68.
 WGRAD_MIN_TILES = 64
+# ... unless its tasks are fused (WgradPlan.fused: one item of every tile per box of
+# channels, each register tile's sums finished as made, where the box's sums were
+# written, zeroed and read back from L3).  Zen 5 (1 MiB L2), 2 threads, separate
+# processes, after the benchmark's 0.15 s pause, direct -> Winograd (2026-11-27):
+# res5 (32 tiles) NXC 5.7-6.5 -> 4.1-4.6 ms, NCX 7.5-8.7 -> 5.8-7.0; res5 at N = 4 (16
+# tiles) NXC 3.47 -> 2.73, NCX 4.95 -> 4.22; res4 at N = 2 (32 tiles) NXC 1.90 -> 1.67, NCX
+# 2.71 -> 2.61; but res4 at N = 1 (16 tiles) NCX 1.59 -> 1.80 (NXC 1.34 -> 1.11) and res5
+# at N = 2 (8 tiles) level, N = 1 (4 tiles) 1.44 -> 1.91.
+WGRAD_FUSED_MIN_TILES = 32
 
 
 def wgrad_tiles(geom: ConvGeometry, m: int | None = None) -> int:
@@ -779,11 +794,14 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
     prob = _WinoWgrad(_source(x), dy_src, G, _tile_geom(plan), plan.cpad, plan.nv,
                       plan.items.ctypes.data, bad.ctypes.data)
     pp = ctypes.addressof(prob)
-    table = native._i64([(t[0], t[1], *t[2:], 0, plan.box_floats, 0)
+    task_sums = plan.box_floats if plan.parts else _task_sums_floats(lib, pp, plan)
+    fused = int(WGRAD_FUSED and plan.fused)
+    # (first and end item, box, sums' address (patched), their floats, dw (patched), fused)
+    table = native._i64([(t[0], t[1], *t[2:], 0, task_sums, 0, fused)
                          for t in plan.tasks]).reshape(len(plan.tasks), -1)
     offs = np.arange(len(plan.tasks), dtype=np.int64) * (4 * plan.box_floats)
     need = max(int(lib.cg_wino_wgrad_scratch(pp, t[0], t[1])) for t in plan.tasks)
-    need += 0 if plan.parts else -(-plan.box_floats // 16) * 16
+    need += 0 if plan.parts else -(-task_sums // 16) * 16
     n = min(threads, len(plan.tasks))
     per = _pool.scratch_bytes(need)
     # the tasks run on the engine's workers (cg_wino_wgrad_task: zero the task's sums,
@@ -809,11 +827,11 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
         at = address(dw)
         dy_read = contiguous(dy) if dy_once else dy
         prob.x.t.ptr, prob.dy.t.ptr = address(x), address(dy_read)
-        table[:, -1] = at
+        table[:, 10] = at
         if plan.parts:
             sums = scratch("winograd-sums", (plan.parts, plan.box_floats), np.float32,
                            zero=False)
-            table[:, -3] = offs + address(sums)
+            table[:, 8] = offs + address(sums)
             fin[6], fin[9] = address(sums), at
         buf, (base, _) = thread_scratch("native-pack", need, n)
         tasks(base)
@@ -869,8 +887,7 @@ def _workspace(geom: ConvGeometry, op: str, packed_in: bool, buffered_out: bool,
                           _tile_geom(plan), plan.cpad, plan.nv, plan.items.ctypes.data)
         pp = ctypes.addressof(prob)
         per = max(int(lib.cg_wino_wgrad_scratch(pp, t[0], t[1])) for t in plan.tasks)
-        parts = {"per-thread scratch": threads * 4 * (per + (0 if plan.parts else
-                                                            plan.box_floats))}
+        parts = {"per-thread scratch": threads * 4 * (per + _task_sums_floats(lib, pp, plan))}
         if plan.parts:
             parts["partial sums"] = 4 * plan.parts * plan.box_floats
         return tuple(parts.items())
@@ -994,6 +1011,27 @@ class WgradPlan:
     tasks: tuple          # per task: first and end item, box (g0, ng, c0, nc, ob0, nob)
     parts: int            # > 0: tasks are chunks of tiles with partial sums of one box
     box_floats: int       # the products' sums of a task
+
+    @property
+    def fused(self) -> bool:
+        """Whether every task is one item (all the tiles of its box): its sums are then
+        finished into dw a register tile at a time as they are made, never kept for the
+        whole box (``cg_wino_wgrad_task``)."""
+        return not self.parts and all(t[1] - t[0] == 1 for t in self.tasks)
+
+
+# Fused tasks where the plan allows (WgradPlan.fused; False keeps the box's sums, for A/B).
+WGRAD_FUSED = True
+
+
+def _task_sums_floats(lib, pp: int, plan: WgradPlan) -> int:
+    """The sums a task keeps in its thread's scratch: none with partial sums (shared),
+    one register tile's when fused, else its box's."""
+    if plan.parts:
+        return 0
+    if WGRAD_FUSED and plan.fused:
+        return min(plan.box_floats, int(lib.cg_wino_wgrad_fused_floats(pp)))
+    return plan.box_floats
 
 
 def _boxes(G: int, cpad: int, nob: int, nb: int, na: int, kd: int, vl: int, x_bytes: int,

@@ -390,14 +390,19 @@ struct MBox {
     int64_t g0, ng, c0, nc, ob0, nob;
 };
 int64_t cg_wino_wgrad_scratch(const WinoWgrad* P, int64_t lo, int64_t hi);
+// The sums a fused task (one item: every tile of its box) keeps at once: one register
+// tile's, every point and depth tap (in place of the box's, cg_wino_wgrad_task).
+int64_t cg_wino_wgrad_fused_floats(const WinoWgrad* P);
 void cg_wino_wgrad_run(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox* box, float* M,
                        float* scratch);
 void cg_wino_wgrad_finish(const WinoWgrad* P, const MBox* box, const float* M, int64_t parts,
                           int64_t part_stride, float* dw, int64_t lo, int64_t hi);
 // One task of a weight gradient on the engine's workers (pool.cpp): task k of the table
 // t (WINO_TASK fields each: first and end item, the box, its sums M -- 0: the thread's
-// scratch, then finished into dw at once --, the sums' floats, dw) zeroes its sums, adds
-// its items into them and, without partials, stores its box of dw.  The scratch holds
+// scratch, then finished into dw at once --, the sums' floats, dw, fused) zeroes its
+// sums, adds its items into them and, without partials, stores its box of dw; fused
+// (one item, the sums the thread's), it finishes each register tile's sums as they are
+// made instead, its sums' floats those of one tile (cg_wino_wgrad_fused_floats).  The scratch holds
 // the sums (when they are the thread's) ahead of cg_wino_wgrad_run's own.
 void cg_wino_wgrad_task(const WinoWgrad* P, const int64_t* t, int64_t k, float* scratch);
 // Rows [lo, hi) of cg_wino_wgrad_finish over the partial sums f (box, M, parts,
@@ -406,7 +411,7 @@ void cg_wino_wgrad_finish_rows(const WinoWgrad* P, const int64_t* f, int64_t lo,
 
 }  // extern "C"
 
-constexpr int WINO_TASK = 11;
+constexpr int WINO_TASK = 12;
 
 namespace {
 
@@ -1255,8 +1260,16 @@ struct WgradLayout {
 };
 
 template <int M, int AX>
+struct WgradFinish;
+
+// The items [lo, hi) of a task add their tiles' products into the box's sums Mbuf --
+// or, with dw (fused: the task's one item holds every tile of its box, so no other item
+// adds to these sums), each register tile's sums over every point are stored into Mbuf
+// as a small box of their own (points x rows x columns, in L1/L2) and finished into dw
+// at once: the box's full sums are never written, zeroed or read back.
+template <int M, int AX>
 void wgrad_items(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox& box, float* Mbuf,
-                 float* scratch) {
+                 float* scratch, float* dw = nullptr) {
     constexpr int A = F3<M>::A;
     constexpr int NA = AX == 2 ? A * A : A;
     constexpr int MH = AX == 2 ? M : 1;
@@ -1323,6 +1336,41 @@ void wgrad_items(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox& box, fl
         const int64_t ncx = I.c1 - I.c0, nct = (ncx + mr - 1) / mr;
         const float* ar[64];
         float* cr[64];
+        if (dw) {
+            // blocks of the widest tile's count, for every tile (fewer rows take more)
+            int bks = BMAX;
+            for (int64_t ct = 0; ct < nct; ct++)
+                bks = std::min(bks, gemm_blocks((int)(tile_start(ct + 1, ncx, nct) -
+                                                      tile_start(ct, ncx, nct)), nv));
+            // output blocks outermost: their dy rows (points x tiles x bks blocks) stay
+            // in L2 while every channel tile reads them
+            for (int64_t ob = I.ob0; ob < I.ob1; ob += bks) {
+                const int bk = (int)std::min<int64_t>(bks, I.ob1 - ob);
+                const int nvalid = (int)std::min<int64_t>(bk * NB, og - ob * NB);
+                const int64_t lpad = bk * NB;
+                for (int64_t ct = 0; ct < nct; ct++) {
+                    const int64_t r0 = tile_start(ct, ncx, nct);
+                    const int rows = (int)(tile_start(ct + 1, ncx, nct) - r0);
+                    for (int a = 0; a < NA; a++)
+                        for (int64_t k = 0; k < kd; k++) {
+                            const float* Va = V + a * lay.vstride + k * nt * cw;
+                            for (int i = 0; i < rows; i++) {
+                                ar[i] = Va + r0 + i;
+                                cr[i] = Mbuf + ((a * kd + k) * rows + i) * lpad;
+                            }
+                            fns[(rows - 1) * BMAX + (bk - 1)](
+                                nd * nt, 1, ar, cw, 0,
+                                Y + a * lay.ystride + (ob - I.ob0) * lay.bstride, lay.bstride,
+                                0, cr, nvalid, true);
+                        }
+                    PROF_ADD(2);
+                    const MBox tb{I.g, 1, I.c0 + r0, rows, ob, bk};
+                    WgradFinish<M, AX>::run(P, &tb, Mbuf, 1, 0, dw, 0, rows);
+                    PROF_ADD(3);
+                }
+            }
+            continue;
+        }
         for (int a = 0; a < NA; a++) {
             for (int64_t k = 0; k < kd; k++) {
                 const float* Va = V + a * lay.vstride + k * nt * cw;
@@ -1356,6 +1404,14 @@ struct WgradItems {
     static void run(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox* box, float* Mbuf,
                     float* scratch) {
         wgrad_items<M, AX>(P, lo, hi, *box, Mbuf, scratch);
+    }
+};
+
+template <int M, int AX>
+struct WgradFused {
+    static void run(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox* box, float* Mbuf,
+                    float* scratch, float* dw) {
+        wgrad_items<M, AX>(P, lo, hi, *box, Mbuf, scratch, dw);
     }
 };
 
@@ -1438,6 +1494,11 @@ int64_t cg_wino_wgrad_scratch(const WinoWgrad* P, int64_t lo, int64_t hi) {
     return most + 64;
 }
 
+int64_t cg_wino_wgrad_fused_floats(const WinoWgrad* P) {
+    // rows x blocks x NV of a GEMM tile hold at most ACC vectors (gemm_blocks)
+    return num_points(P->tg) * P->tg.kd * ACC * VL;
+}
+
 void cg_wino_wgrad_run(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox* box, float* M,
                        float* scratch) {
     dispatch<WgradItems>(P->tg, P, lo, hi, box, M, scratch);
@@ -1454,6 +1515,12 @@ void cg_wino_wgrad_task(const WinoWgrad* P, const int64_t* t, int64_t k, float* 
     const int64_t nf = d[9];
     float* M = d[8] ? (float*)(intptr_t)d[8] : scratch;
     float* work = d[8] ? scratch : scratch + (nf + 15) / 16 * 16;
+    // fused (d[11]; one item, every tile of the box, sums the thread's): each register
+    // tile's sums finished as they are made (wgrad_items), M holding only those
+    if (d[11]) {
+        dispatch<WgradFused>(P->tg, P, d[0], d[1], &b, M, work, (float*)(intptr_t)d[10]);
+        return;
+    }
     std::memset(M, 0, nf * sizeof(float));
     cg_wino_wgrad_run(P, d[0], d[1], &b, M, work);
     if (!d[8]) cg_wino_wgrad_finish(P, &b, M, 1, 0, (float*)(intptr_t)d[10], 0, b.ng * b.nc);
