@@ -1026,3 +1026,35 @@ def test_weight_gradients_of_few_tiles_take_winograd_only_when_fused():
         winograd._workspace.cache_clear()
     threads = native._threads(res5.flops)
     assert scratch[False] - scratch[True] > threads * 2**20
+
+
+def test_boxed_weight_gradient_items_grow_when_a_box_outgrows_half_the_l2(rng, monkeypatch):
+    """Sums cut into boxes (no partial sets), a box larger than half a core's L2: items
+    take WGRAD_BOXED_ITEM_BYTES of transformed tiles instead of WGRAD_ITEM_BYTES, so each
+    tile of the GEMMs adds into the box's sums once per longer reduction; results equal
+    to the reference and the same on 1 and 3 threads."""
+    monkeypatch.setattr(winograd, "PARTIALS_BYTES", 0)
+    case = geometry(2, n=2, c=64, o=64, size=(30, 30))      # 2 x 64 tiles, 0.56 MiB boxes
+    x, w, dy = make_arrays(case, rng, np.float32, True)
+    want = reference_results(case, x, w, dy)[1]
+    geom = make_geometry("t", **case)
+    eng = native.engine()
+    monkeypatch.setattr(winograd, "WGRAD_ITEM_BYTES", 2**18)
+    monkeypatch.setattr(winograd, "WGRAD_BOXED_ITEM_BYTES", 2**20)
+    tiles = {}
+    try:
+        for l2 in (2**30, 2**20):
+            monkeypatch.setattr(native, "l2_bytes", lambda l2=l2: l2)
+            winograd.wgrad_plan.cache_clear()
+            plan = winograd.wgrad_plan(geom, eng.vl, 4, winograd._wgrad_budgets())
+            assert plan.parts == 0 and (4 * plan.box_floats > l2 // 2) == (l2 == 2**20)
+            tiles[l2] = int((plan.items[:, 1] - plan.items[:, 0]).max())
+            got = []
+            for threads in (1, 3):
+                with convgrad.config(algo="winograd", threads=threads):
+                    got.append(convgrad.conv_weight_grad(x, dy, w.shape, **attrs(case)))
+            np.testing.assert_array_equal(got[0], got[1])
+            assert_close(got[0], want, np.float32)
+    finally:
+        winograd.wgrad_plan.cache_clear()
+    assert tiles[2**20] >= 2 * tiles[2**30]

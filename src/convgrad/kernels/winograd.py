@@ -980,6 +980,15 @@ WGRAD_ITEM_BYTES = 1 * 2**20
 # parts).  Not for sums that fit (items of 4 MiB: res2 0.51x, res4 0.81x, U-Net 0.68x,
 # TCN 0.90x).
 WGRAD_LARGE_SUMS_ITEMS = 2
+# ... and where boxed sums (below) outgrow half a core's L2, items of this much: each
+# of an item's GEMM tiles adds its products into a box's sums (read and written from
+# L3 then) once per item, so a longer reduction per item (more tiles) moves fewer bytes
+# per product; the item's transformed tiles, streamed point by point, may leave the L2.
+# Zen 5 (1 MiB L2), 2 threads, in-process A/B against 1 MiB items (2026-11-27):
+# DeepLab d6 (1.56 MiB boxes, 36 -> 72 tiles an item) after the pause 10.71 -> 9.48 ms,
+# hot 7.12 -> 6.48; ResNet-50 res4 (1.1 MiB boxes) 3.60 -> 3.42 / 2.42 -> 2.30; items
+# of 4 MiB no better than 2 (DeepLab 0.98x after the pause, 1.06x hot).
+WGRAD_BOXED_ITEM_BYTES = 2 * 2**20
 # Output planes (3-D) per item.
 WGRAD_ITEM_PLANES = 4
 # Chunks of tiles with partial sums of the products (when they fit PARTIALS_BYTES);
@@ -1085,6 +1094,8 @@ def wgrad_plan(geom: ConvGeometry, vl: int, m: int, budgets: tuple) -> WgradPlan
         x_bytes = geom.n * math.prod(lin) * cg * 4
         dy_bytes = geom.n * math.prod(lout) * og * 4
         boxes = _boxes(G, cpad, nob, nb, na, kd, vl, x_bytes, dy_bytes, box_bytes)
+        if max(na * kd * b[2] * b[4] * nb * 4 for b in boxes) > half_l2:
+            item_bytes = max(item_bytes, min(large_item_max, WGRAD_BOXED_ITEM_BYTES))
     nd = min(depth, item_planes)
     # tiles per item, for the widest box
     cw, nobr = max(b[2] for b in boxes), max(b[4] for b in boxes)
