@@ -247,8 +247,8 @@ def test_oix_weight_gradients_of_small_inputs_make_no_result_copy():
     part per thread, within the estimate, and well under the 9 MiB result.  Where a
     task's part would not fit 5/8 of a core's L2 (1 MiB: Zen 4, Zen 5; finer tasks
     measured slower there) the kernel declares the copy instead.  (The direct kernel,
-    forced: the chooser gives this layer Winograd's fused tasks since 2026-11-27, whose
-    (*K, C, O) result and copy it declares.)"""
+    forced: the chooser gives this layer Winograd's fused tasks since 2026-11-27, which
+    store the OIX result themselves on any L2: no copy either, within the estimate.)"""
     case = _c("res5-wgrad-NCX", "conv_weight_grad",
               {"x": ((8, 512, 7, 7), f32), "dy": ((8, 512, 7, 7), f32)},
               dict(kernel_shape=(512, 512, 3, 3), strides=[1, 1], pads_begin=[1, 1],
@@ -256,9 +256,11 @@ def test_oix_weight_gradients_of_small_inputs_make_no_result_copy():
     both = measure(case, ("native", "auto"))
     r = both["native"]
     assert r["kernel"] == "native", r
-    assert both["auto"]["kernel"] == "winograd", both["auto"]
-    assert both["auto"]["estimate"]["dw before the caller's copy"] == 4 * 9 * 512 * 512
-    assert both["auto"]["extra"] <= sum(both["auto"]["estimate"].values()) + NOISE_BYTES
+    wino = both["auto"]
+    assert wino["kernel"] == "winograd", wino
+    assert "dw before the caller's copy" not in wino["estimate"], wino["estimate"]
+    assert wino["extra"] <= sum(wino["estimate"].values()) + NOISE_BYTES, _describe("auto", wino)
+    assert wino["extra"] < wino["output_bytes"] / 2, _describe("auto", wino)
     if native.l2_bytes() < 2 << 20:
         assert r["estimate"]["dw before the caller's copy"] == 4 * 9 * 512 * 512, r
         assert "a task's part of the OIX result, per thread" not in r["estimate"], r

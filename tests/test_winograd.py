@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import convgrad
-from convgrad import kernels
+from convgrad import kernels, ops
 from convgrad.dtypes import bfloat16
 from convgrad.geometry import make_geometry
 from convgrad.kernels import native, winograd
@@ -945,21 +945,25 @@ def test_weight_gradient_items_of_less_than_two_rows_stay_within_one(isa, channe
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("r,c,o,size,dtype,channels_last", [
-    (1, 40, 70, 37, np.float32, True), (2, 37, 45, (11, 9), np.float32, False),
-    (2, 24, 33, (7, 7), np.float16, True), (3, 19, 21, (3, 6, 5), bfloat16, False)],
-    ids=["1d", "2d-ncx-tails", "2d-f16", "3d-bf16-ncx"])
+@pytest.mark.parametrize("r,c,o,size,dtype,channels_last,groups", [
+    (1, 40, 70, 37, np.float32, True, 1), (1, 40, 70, 37, np.float32, False, 1),
+    (2, 37, 45, (11, 9), np.float32, False, 1), (2, 48, 40, (9, 8), np.float32, False, 2),
+    (2, 24, 33, (7, 7), np.float16, True, 1), (3, 19, 21, (3, 6, 5), bfloat16, False, 1),
+    (3, 19, 21, (3, 6, 5), np.float32, False, 1)],
+    ids=["1d", "1d-ncx", "2d-ncx-tails", "2d-ncx-groups", "2d-f16", "3d-bf16-ncx", "3d-ncx"])
 def test_weight_gradient_tasks_of_one_item_are_fused(isa, r, c, o, size, dtype, channels_last,
-                                                     rng, monkeypatch):
+                                                     groups, rng, monkeypatch):
     """Boxed sums whose every box is one item (all its tiles): each task finishes a
     register tile's sums over every point as soon as they are made (WgradPlan.fused),
     never keeping the box's -- the same bits as the box's sums zeroed, filled and
     finished (``WGRAD_FUSED`` False), on 1 and 3 threads, equal to the reference, a NaN
     reaching the outputs the direct kernels give it; per-thread scratch one register
-    tile's sums instead of a box's."""
+    tile's sums instead of a box's.  A float32 OIX caller's result is stored in OIX
+    memory by the tasks (``_writes_oix``: no result copy declared), its 9 taps a row
+    transposed 8 x 8 (engine debug bit 134217728: element by element): the same bits."""
     monkeypatch.setattr(winograd, "PARTIALS_BYTES", 0)
     monkeypatch.setattr(winograd, "WGRAD_BOX_BYTES", 2**15)
-    case = geometry(r, n=2, c=c, o=o, size=size, d=1 if r == 3 else 2)
+    case = geometry(r, n=2, c=c, o=o, size=size, d=1 if r == 3 else 2, groups=groups)
     geom = make_geometry("t", **case)
     x, w, dy = make_arrays(case, rng, dtype, channels_last)
     want = reference_results(case, x, w, dy)[1]
@@ -977,6 +981,19 @@ def test_weight_gradient_tasks_of_one_item_are_fused(isa, r, c, o, size, dtype, 
                 with convgrad.config(algo="winograd", threads=threads):
                     got[fused, threads] = convgrad.conv_weight_grad(x, dy, w.shape,
                                                                     **attrs(case))
+        monkeypatch.setattr(winograd, "WGRAD_FUSED", True)
+        winograd._workspace.cache_clear()
+        assert winograd._writes_oix(plan, "ncx")
+        xv, dyv = np.moveaxis(x, 1, -1), np.moveaxis(dy, 1, -1)
+        call = ops.describe("wgrad", xv, dyv, geom, np.dtype(dtype),
+                            result_layouts=frozenset({"ncx" if not channels_last else "nxc"}))
+        copied = "dw before the caller's copy" in winograd.memory(call)
+        try:
+            eng.lib.cg_engine_set_dbg(134217728)
+            with convgrad.config(algo="winograd"):
+                got["scalar"] = convgrad.conv_weight_grad(x, dy, w.shape, **attrs(case))
+        finally:
+            eng.lib.cg_engine_set_dbg(0)
         bad = x.copy()
         bad[(1, 3) + (2,) * r] = np.nan
         with convgrad.config(algo="winograd"):
@@ -988,6 +1005,7 @@ def test_weight_gradient_tasks_of_one_item_are_fused(isa, r, c, o, size, dtype, 
     for key in got:
         np.testing.assert_array_equal(got[key], got[True, 1])
     assert_close(got[True, 1], want, dtype)
+    assert copied == (dtype != np.float32)      # (a float32 result: the caller's memory)
     assert np.isnan(nan).any()
     np.testing.assert_array_equal(np.isnan(nan), np.isnan(nan_direct))
     assert scratch[True] <= scratch[False]      # (smaller where a box outgrows a tile's)

@@ -336,7 +336,8 @@ def _register_builtin() -> None:
                         bind=native.bind(op), result_layout=op == "wgrad"))
         register(Kernel("winograd", op, getattr(winograd, op), winograd.supports,
                         priority=35, layout="nxc", converts=True, half_io=True,
-                        memory=winograd.memory, bind=winograd.bind(op)))
+                        memory=winograd.memory, bind=winograd.bind(op),
+                        result_layout=op == "wgrad"))
         register(Kernel("grouped", op, getattr(grouped, op), grouped.supports_op(op),
                         priority=34, layout="nxc", converts=True, half_io=True,
                         memory=grouped.memory, bind=grouped.bind(op)))

@@ -106,7 +106,7 @@ class _Wino(ctypes.Structure):
 
 class _WinoWgrad(ctypes.Structure):
     _fields_ = [("x", _Source), ("dy", _Source), ("groups", _I64), ("tg", _TileGeom),
-                ("cpad", _I64), ("nv", _I64), ("items", _VP), ("bad", _VP)]
+                ("cpad", _I64), ("nv", _I64), ("items", _VP), ("bad", _VP), ("oix", _I64)]
 
 
 def _lib(eng: native.Engine):
@@ -749,7 +749,8 @@ def _bind_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
 def bind(op: str):
     """The kernel's ``bind`` for ``op`` (``_bound``): its three ops."""
     if op == "wgrad":
-        return lambda x, dy, geom, out_dtype=None: _bind_wgrad(x, dy, geom)
+        return lambda x, dy, geom, out_dtype=None, result_layout=None: _bind_wgrad(
+            x, dy, geom, result_layout)
     return native.corr_binder(op, _bind_corr) if op in ("fwd", "dgrad") else None
 
 
@@ -774,10 +775,20 @@ def _dy_once(plan: "WgradPlan", dy_channels_first: bool) -> bool:
     return len(it) >= 2 * len(same_dy)
 
 
-def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
+def _writes_oix(plan: WgradPlan, result_layout) -> bool:
+    """Whether a weight gradient stores its result in OIX memory, (O, C/G, *K): for a
+    caller who keeps OIX (``result_layout="ncx"``), by fused tasks (each finishes its
+    register tiles' rows of every output channel), so that no (*K, C/G, O) result and
+    permuted copy are made (``WGRAD_OIX``)."""
+    return WGRAD_OIX and result_layout == "ncx" and WGRAD_FUSED and plan.fused
+
+
+def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout=None):
     """The Winograd weight gradient bound (``_bound``): plan, descriptor and task tables
     made once; a call patches x, dy, the result (every element stored: the finish step
-    covers dw with its boxes) and the partial sums' address.  None for an empty one."""
+    covers dw with its boxes) and the partial sums' address.  None for an empty one.
+    ``result_layout="ncx"``: the result's memory may be OIX (:func:`_writes_oix`), still
+    seen as (*K, C/G, O)."""
     eng = native.engine()
     lib = _lib(eng)
     G, cg = geom.groups, geom.c // geom.groups
@@ -791,9 +802,12 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
     dy_once = _dy_once(plan, native._channels_first(dy))
     dy_src = _dummy_source(geom.out_sizes, geom.o, False) if dy_once else _source(dy)
     bad = np.zeros(1, np.int64)         # (set by the finish step: a value not finite)
+    oix = _writes_oix(plan, result_layout)
     prob = _WinoWgrad(_source(x), dy_src, G, _tile_geom(plan), plan.cpad, plan.nv,
-                      plan.items.ctypes.data, bad.ctypes.data)
+                      plan.items.ctypes.data, bad.ctypes.data, int(oix))
     pp = ctypes.addressof(prob)
+    alloc_shape = (geom.o, cg, *geom.kernel) if oix else shape
+    as_xio = native._OIX_AS_XIO[len(shape)] if oix else None
     task_sums = plan.box_floats if plan.parts else _task_sums_floats(lib, pp, plan)
     fused = int(WGRAD_FUSED and plan.fused)
     # (first and end item, box, sums' address (patched), their floats, dw (patched), fused)
@@ -823,7 +837,7 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
     empty, thread_scratch, address = _results.empty, _pool.thread_scratch, _bound.address
 
     def run(x, dy):
-        dw = empty(shape, np.float32)
+        dw = empty(alloc_shape, np.float32)
         at = address(dw)
         dy_read = contiguous(dy) if dy_once else dy
         prob.x.t.ptr, prob.dy.t.ptr = address(x), address(dy_read)
@@ -843,7 +857,7 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry):
             # engine gives each tap only the products it has (D17)
             bad[0] = 0
             return native.wgrad(x, dy, geom)
-        return dw
+        return dw.transpose(as_xio) if oix else dw
     run.keep = (prob, table, plan, bad) + ((fin,) if plan.parts else ())
     return _bound.guarded(run)
 
@@ -933,6 +947,11 @@ def memory(call) -> dict[str, int]:
         layout = "nxc" if "nxc" in data.layouts or "ncx" not in data.layouts else "ncx"
         ins = (data,)
     direct = call.op != "wgrad" and call.direct_result and call.out.dtype in native.DTYPE_CODES
+    if call.op == "wgrad" and call.out.layouts == frozenset({"ncx"}):
+        eng = native.engine()
+        plan = wgrad_plan(call.geom, eng.vl, tile_size(call.geom, "wgrad"), _wgrad_budgets())
+        if _writes_oix(plan, "ncx"):
+            layout = "ncx"                  # (the result in the caller's OIX memory)
     if (call.out.dtype != f32 and not direct) or layout not in call.out.layouts:
         parts[f"{ROLES[call.op][2]} before the caller's copy"] = call.out.size * 4
     packed = any(t.dtype != f32 or "nxc" not in t.layouts for t in ins)
@@ -1031,6 +1050,9 @@ class WgradPlan:
 
 # Fused tasks where the plan allows (WgradPlan.fused; False keeps the box's sums, for A/B).
 WGRAD_FUSED = True
+# Fused tasks store an OIX caller's result in OIX memory (_writes_oix; False: a
+# (*K, C/G, O) result and the caller's permuted copy, for A/B).
+WGRAD_OIX = True
 
 
 def _task_sums_floats(lib, pp: int, plan: WgradPlan) -> int:
@@ -1135,10 +1157,12 @@ def _wgrad_budgets() -> tuple:
             min(WGRAD_BOX_BYTES, max(2**16, w // 16)), native.l2_bytes() // 2, w // 8)
 
 
-def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None) -> np.ndarray:
+def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None,
+          result_layout=None) -> np.ndarray:
     """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32 (whatever
-    ``out_dtype``): one call of its bound form (:func:`_bind_wgrad`)."""
-    bound = _bind_wgrad(x, dy, geom)
+    ``out_dtype``; in OIX memory where :func:`_writes_oix`): one call of its bound form
+    (:func:`_bind_wgrad`)."""
+    bound = _bind_wgrad(x, dy, geom, result_layout)
     if bound is None:
         return _results.zeros((*geom.kernel, geom.c // geom.groups, geom.o), np.float32)
     return bound(x, dy)

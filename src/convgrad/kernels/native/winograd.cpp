@@ -373,6 +373,8 @@ struct WinoWgrad {
                                // and end output block (of the group)
     int64_t* bad;              // set when a value of dw comes out not finite (winograd.py
                                // then recomputes dw by the direct engine: D17)
+    int64_t oix;               // fused tasks store dw as (O, C/G, *K) (the OIX memory of
+                               // a channels-first caller), not (*K, C/G, O)
 };
 
 int64_t cg_wino_points(int64_t axes, int64_t m) { return axes == 2 ? (m + 2) * (m + 2) : m + 2; }
@@ -1261,6 +1263,9 @@ struct WgradLayout {
 
 template <int M, int AX>
 struct WgradFinish;
+template <int M, int AX>
+void finish_tile_oix(const WinoWgrad* P, const float* Mbuf, int64_t g, int64_t c0, int rows,
+                     int64_t o0, int64_t o1, int64_t lpad, float* dw);
 
 // The items [lo, hi) of a task add their tiles' products into the box's sums Mbuf --
 // or, with dw (fused: the task's one item holds every tile of its box, so no other item
@@ -1364,8 +1369,13 @@ void wgrad_items(const WinoWgrad* P, int64_t lo, int64_t hi, const MBox& box, fl
                                 0, cr, nvalid, true);
                         }
                     PROF_ADD(2);
-                    const MBox tb{I.g, 1, I.c0 + r0, rows, ob, bk};
-                    WgradFinish<M, AX>::run(P, &tb, Mbuf, 1, 0, dw, 0, rows);
+                    if (P->oix) {
+                        finish_tile_oix<M, AX>(P, Mbuf, I.g, I.c0 + r0, rows, ob * NB,
+                                               ob * NB + nvalid, lpad, dw);
+                    } else {
+                        const MBox tb{I.g, 1, I.c0 + r0, rows, ob, bk};
+                        WgradFinish<M, AX>::run(P, &tb, Mbuf, 1, 0, dw, 0, rows);
+                    }
                     PROF_ADD(3);
                 }
             }
@@ -1415,6 +1425,81 @@ struct WgradFused {
     }
 };
 
+// The taps of one row and vector of output channels, G^T S G, from its points' sums S
+// (point a at m + a*astride, parts part_stride apart, summed in order).
+template <int M, int AX>
+inline void finish_taps(const float* m, int64_t astride, int64_t parts, int64_t part_stride,
+                        vf (&res)[AX == 2 ? 3 : 1][3]) {
+    constexpr int A = F3<M>::A;
+    constexpr int NA = AX == 2 ? A * A : A;
+    vf sums[NA];
+    for (int a = 0; a < NA; a++) {
+        vf acc = load(m + a * astride);
+        for (int64_t q = 1; q < parts; q++) acc += load(m + q * part_stride + a * astride);
+        sums[a] = acc;
+    }
+    if constexpr (AX == 2) {
+        vf tmp[3][A];
+        for (int kw = 0; kw < A; kw++) {
+            vf gg[3];
+            F3<M>::dw(&sums[kw * A], 1, gg, 1);
+            for (int th = 0; th < 3; th++) tmp[th][kw] = gg[th];
+        }
+        for (int th = 0; th < 3; th++) F3<M>::dw(&tmp[th][0], 1, &res[th][0], 1);
+    } else {
+        F3<M>::dw(sums, 1, &res[0][0], 1);
+    }
+}
+
+// A fused task's register tile finished into OIX memory, dw[(g*og + o)*cg*T + c*T + tap]
+// (T = kd x 9 or kd x 3 taps): rows c0 + [0, rows) of group g, output channels [o0, o1)
+// (sums at Mbuf[(a*kd + k)*rows + row][o - o0], lpad floats a row).  Each row's taps
+// per vector of channels are transposed (8 taps x 8 channels at a time) into
+// tb[o][row][tap], whose runs of rows x T floats, consecutive in OIX, are then copied.
+template <int M, int AX>
+void finish_tile_oix(const WinoWgrad* P, const float* Mbuf, int64_t g, int64_t c0, int rows,
+                     int64_t o0, int64_t o1, int64_t lpad, float* dw) {
+    constexpr int KH = AX == 2 ? 3 : 1;
+    constexpr int NT = KH * 3;
+    const int64_t G = P->groups, og = P->dy.C / G, cg_ = P->x.C / G, kd = P->tg.kd;
+    const int64_t T = kd * NT;
+    const int vr = (int)std::min<int64_t>(rows, cg_ - c0);          // rows within the group
+    if (vr <= 0) return;
+    const int64_t rowsT = vr * T, astride = kd * rows * lpad;
+    static thread_local std::vector<float> tbv;
+    tbv.resize((size_t)((o1 - o0 + VL - 1) / VL * VL * rowsT));
+    float* tb = tbv.data();
+    alignas(64) float tmp[NT][VL];
+    vf all = zero();                     // the sum of the values stored: not finite if one is
+    for (int r = 0; r < vr; r++)
+        for (int64_t k = 0; k < kd; k++) {
+            const float* m = Mbuf + (k * rows + r) * lpad;
+            for (int64_t o = o0; o < o1; o += VL) {
+                const int nc = (int)std::min<int64_t>(VL, o1 - o);
+                vf res[KH][3];
+                finish_taps<M, AX>(m + (o - o0), astride, 1, 0, res);
+                for (int t = 0; t < NT; t++) {
+                    store(tmp[t], res[t / 3][t % 3]);
+                    all += nc == VL ? res[t / 3][t % 3] : load_n(tmp[t], nc);
+                }
+                float* d = tb + (o - o0) * rowsT + r * T + k * NT;
+                int j = 0;
+                if (NT == 9 && VL >= 8 && !(cg_engine_dbg & 134217728)) {
+                    for (; j + 8 <= nc; j += 8) {
+                        transpose8(&tmp[0][j], VL, d + j * rowsT, rowsT);
+                        for (int l = j; l < j + 8; l++) d[l * rowsT + 8] = tmp[8][l];
+                    }
+                }
+                for (; j < nc; j++)
+                    for (int t = 0; t < NT; t++) d[j * rowsT + t] = tmp[t][j];
+            }
+        }
+    for (int64_t o = o0; o < o1; o++)
+        std::memcpy(dw + ((g * og + o) * cg_ + c0) * T, tb + (o - o0) * rowsT,
+                    (size_t)rowsT * sizeof(float));
+    if (!finite_all(all)) __atomic_store_n(P->bad, (int64_t)1, __ATOMIC_RELAXED);
+}
+
 // dw[k][th][tw][c][g*og + o] = G^T (sum of the parts of M) G for the box's rows (g, c),
 // numbered over the box, in [lo, hi), and its columns.  Parts are part_stride floats
 // apart, summed in order.
@@ -1433,7 +1518,6 @@ struct WgradFinish {
         const int64_t astride = kd * box->nc * opad;   // floats between points
         const int64_t o0 = box->ob0 * NB, o1 = std::min(og, (box->ob0 + box->nob) * NB);
         const int64_t taps = KH * 3;
-        vf sums[NA];
         vf all = zero();                 // the sum of the values stored: not finite if one is
         for (int64_t r = lo; r < hi; r++) {
             const int64_t gi = r / box->nc, c = box->c0 + r % box->nc, g = box->g0 + gi;
@@ -1442,24 +1526,8 @@ struct WgradFinish {
                 const float* m = Mbuf + (((gi * NA) * kd + k) * box->nc + c - box->c0) * opad - o0;
                 for (int64_t o = o0; o < o1; o += VL) {
                     const int nc = (int)std::min<int64_t>(VL, o1 - o);
-                    for (int a = 0; a < NA; a++) {
-                        vf acc = load(m + a * astride + o);
-                        for (int64_t q = 1; q < parts; q++)
-                            acc += load(m + q * part_stride + a * astride + o);
-                        sums[a] = acc;
-                    }
                     vf res[KH][3];
-                    if (AX == 2) {
-                        vf tmp[3][A];
-                        for (int kw = 0; kw < A; kw++) {
-                            vf gg[3];
-                            F3<M>::dw(&sums[kw * A], 1, gg, 1);
-                            for (int th = 0; th < 3; th++) tmp[th][kw] = gg[th];
-                        }
-                        for (int th = 0; th < 3; th++) F3<M>::dw(&tmp[th][0], 1, &res[th][0], 1);
-                    } else {
-                        F3<M>::dw(sums, 1, &res[0][0], 1);
-                    }
+                    finish_taps<M, AX>(m + o, astride, parts, part_stride, res);
                     for (int th = 0; th < KH; th++)
                         for (int tw = 0; tw < 3; tw++) {
                             float* d = dw + ((k * taps + th * 3 + tw) * cg_ + c) * O + g * og + o;
