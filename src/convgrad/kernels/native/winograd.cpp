@@ -404,8 +404,8 @@ void cg_wino_wgrad_finish(const WinoWgrad* P, const MBox* box, const float* M, i
 // scratch, then finished into dw at once --, the sums' floats, dw, fused) zeroes its
 // sums, adds its items into them and, without partials, stores its box of dw; fused
 // (one item, the sums the thread's), it finishes each register tile's sums as they are
-// made instead, its sums' floats those of one tile (cg_wino_wgrad_fused_floats).  The scratch holds
-// the sums (when they are the thread's) ahead of cg_wino_wgrad_run's own.
+// made instead, its sums' floats those of one tile (cg_wino_wgrad_fused_floats).  The
+// scratch holds the sums (when they are the thread's) ahead of cg_wino_wgrad_run's own.
 void cg_wino_wgrad_task(const WinoWgrad* P, const int64_t* t, int64_t k, float* scratch);
 // Rows [lo, hi) of cg_wino_wgrad_finish over the partial sums f (box, M, parts,
 // part_stride, dw: 10 fields).
