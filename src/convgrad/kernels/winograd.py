@@ -278,8 +278,7 @@ def preferred(geom: ConvGeometry, op: str) -> bool:
         return False
     vl = native.engine().vl if native.available() is None else 8
     m = tile_size(geom, op)
-    fused = (op == "wgrad" and WGRAD_FUSED
-             and wgrad_plan(geom, vl, m, _wgrad_budgets()).fused)
+    fused = op == "wgrad" and _fused(wgrad_plan(geom, vl, m, _wgrad_budgets()))
     return _preferred(geom, op, m, vl, fused)
 
 
@@ -780,7 +779,7 @@ def _writes_oix(plan: WgradPlan, result_layout) -> bool:
     caller who keeps OIX (``result_layout="ncx"``), by fused tasks (each finishes its
     register tiles' rows of every output channel), so that no (*K, C/G, O) result and
     permuted copy are made (``WGRAD_OIX``)."""
-    return WGRAD_OIX and result_layout == "ncx" and WGRAD_FUSED and plan.fused
+    return WGRAD_OIX and result_layout == "ncx" and _fused(plan)
 
 
 def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout=None):
@@ -809,7 +808,7 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout
     alloc_shape = (geom.o, cg, *geom.kernel) if oix else shape
     as_xio = native._OIX_AS_XIO[len(shape)] if oix else None
     task_sums = plan.box_floats if plan.parts else _task_sums_floats(lib, pp, plan)
-    fused = int(WGRAD_FUSED and plan.fused)
+    fused = int(_fused(plan))
     # (first and end item, box, sums' address (patched), their floats, dw (patched), fused)
     table = native._i64([(t[0], t[1], *t[2:], 0, task_sums, 0, fused)
                          for t in plan.tasks]).reshape(len(plan.tasks), -1)
@@ -1050,6 +1049,11 @@ class WgradPlan:
 
 # Fused tasks where the plan allows (WgradPlan.fused; False keeps the box's sums, for A/B).
 WGRAD_FUSED = True
+
+
+def _fused(plan: WgradPlan) -> bool:
+    """Whether the plan's tasks run fused (``WGRAD_FUSED`` and ``WgradPlan.fused``)."""
+    return WGRAD_FUSED and plan.fused
 # Fused tasks store an OIX caller's result in OIX memory (_writes_oix; False: a
 # (*K, C/G, O) result and the caller's permuted copy, for A/B).
 WGRAD_OIX = True
@@ -1060,7 +1064,7 @@ def _task_sums_floats(lib, pp: int, plan: WgradPlan) -> int:
     one register tile's when fused, else its box's."""
     if plan.parts:
         return 0
-    if WGRAD_FUSED and plan.fused:
+    if _fused(plan):
         return min(plan.box_floats, int(lib.cg_wino_wgrad_fused_floats(pp)))
     return plan.box_floats
 
@@ -1116,7 +1120,8 @@ def wgrad_plan(geom: ConvGeometry, vl: int, m: int, budgets: tuple) -> WgradPlan
         x_bytes = geom.n * math.prod(lin) * cg * 4
         dy_bytes = geom.n * math.prod(lout) * og * 4
         boxes = _boxes(G, cpad, nob, nb, na, kd, vl, x_bytes, dy_bytes, box_bytes)
-        if max(na * kd * b[2] * b[4] * nb * 4 for b in boxes) > half_l2:
+        box_floats = max(na * kd * b[2] * b[4] * nb for b in boxes)
+        if box_floats * 4 > half_l2:
             item_bytes = max(item_bytes, min(large_item_max, WGRAD_BOXED_ITEM_BYTES))
     nd = min(depth, item_planes)
     # tiles per item, for the widest box
@@ -1142,7 +1147,7 @@ def wgrad_plan(geom: ConvGeometry, vl: int, m: int, budgets: tuple) -> WgradPlan
                       if c0 < cg]
             if len(items) > first:
                 tasks.append((first, len(items), g, 1, c0, nc, ob0, nobr_))
-        parts, box_floats = 0, max(na * kd * b[2] * b[4] * nb for b in boxes)
+        parts = 0
     plan = WgradPlan(ax, m, dil, off, kd, th.reshape(-1).copy(), tw.reshape(-1).copy(), nv,
                      cpad, nob, native._i64(items).reshape(-1, 9), tuple(tasks), parts,
                      box_floats)
