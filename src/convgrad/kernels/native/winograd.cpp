@@ -839,11 +839,14 @@ void gather_weights(const char* src, int64_t dtype, int64_t st, int64_t sa, int6
         }
         return;
     }
-    // rows contiguous (a data gradient's XIO weights): 8 columns x 8 rows per transpose
+    // rows contiguous (a data gradient's XIO weights): 8 columns x 8 rows per transpose,
+    // 8 columns' runs read to their end before the next 8 columns' (8 streams at a time
+    // rather than all the block's columns: ResNet-50 res5's data gradient 1.03-1.04x
+    // back to back, level after the pause, in-process A/B)
     const int i8 = na / 8 * 8;
     for (int t = 0; t < T; t++) {
-        for (int i = 0; i < i8; i += 8)
-            for (int b = 0; b < b8; b += 8)
+        for (int b = 0; b < b8; b += 8)
+            for (int i = 0; i < i8; i += 8)
                 block8(elem(t, a0 + i, b), sb, buf + (i * T + t) * NB + b, (int64_t)T * NB);
         for (int i = 0; i < na; i++)
             for (int b = (i < i8 ? b8 : 0); b < nvalid; b++)
