@@ -346,3 +346,32 @@ def test_bound_calls_hand_nan_and_inf_on_as_the_full_path(rng, case):
         kernels.clear_choices()
         np.testing.assert_array_equal(got, call(*inputs[1]))
     assert np.isnan(got).any() and np.isfinite(got).any()
+
+
+def test_bound_calls_wake_the_workers_first(monkeypatch):
+    """The front-end's bound call (frontends._plan._fast_call) asks the engine's workers
+    to wake before its own Python runs (native.waker), for calls that use threads."""
+    woken = []
+    monkeypatch.setattr(native, "waker",
+                        lambda flops: (lambda: woken.append(flops)) if flops > 1e6 else None)
+    _plan._PLANS.clear()
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((3, 3, 40, 36)).astype(np.float32)
+    dy = rng.standard_normal((2, 29, 31, 36)).astype(np.float32)
+    for _ in range(3):
+        convgrad.onednn.convolution_backward_data(
+            dy, w, [2, 29, 31, 40], strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1],
+            dilations=[1, 1], data_format="NXC", weights_format="XIO")
+    assert len(woken) >= 1 and woken[0] > 1e6
+
+
+def test_the_waker_is_for_calls_on_threads():
+    """native.waker: a function for a call the engine runs on threads, None for one it
+    runs on the caller's thread alone (small, or threads=1)."""
+    big = 10**10
+    with convgrad.config(threads=2):
+        assert callable(native.waker(big))
+        native.waker(big)()                  # (wakes the worker, if the pool has one)
+        assert native.waker(1) is None
+    with convgrad.config(threads=1):
+        assert native.waker(big) is None

@@ -97,6 +97,44 @@ def test_the_workers_keep_off_the_callers_cpu():
     assert os.sched_getaffinity(tid) == mask - {lib.cg_pool_kept_off_cpu()}
 
 
+def _run_ns(tid: int) -> int | None:
+    """Nanoseconds thread ``tid`` of this process has run (None where the kernel does not
+    say)."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def test_a_woken_worker_spins_for_the_coming_section_and_one_thread_wakes_none():
+    """cg_pool_wake(threads) makes a sleeping worker spin (about WAKE_SPIN, 1 ms, of
+    its run time) for the section the caller is about to start; a one-thread call, or
+    a process whose pool has no workers, wakes nothing."""
+    lib = _lib()
+    _probe(lib, 16, 2, spin=2000)            # (the pool has its worker)
+    tid = lib.cg_pool_worker_tid(0)
+    if tid <= 0 or _run_ns(tid) is None:
+        pytest.skip("no per-thread run times")
+    import time
+
+    def ran(act):
+        time.sleep(0.05)                     # (the worker asleep: SPIN is 0.3 ms)
+        before = _run_ns(tid)
+        act()
+        time.sleep(0.05)
+        return _run_ns(tid) - before
+
+    # a woken worker runs for most of its millisecond of spinning; left asleep, or
+    # woken for one thread, it runs (nearly) not at all
+    woke = [ran(lambda: lib.cg_pool_wake(2)) for _ in range(3)]
+    idle = [ran(lambda: lib.cg_pool_wake(1)) for _ in range(3)] + [ran(lambda: None)]
+    assert max(woke) > 500_000, (woke, idle)
+    assert min(idle) < 200_000, (woke, idle)
+    counts, *_ = _probe(lib, 16, 2, spin=2000)
+    assert (counts == 1).all()
+
+
 def test_callers_on_several_python_threads_each_get_their_tasks_done():
     lib = _lib()
     errors = []

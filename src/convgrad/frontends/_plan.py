@@ -195,11 +195,14 @@ def _fast_call(runner: _Runner, arrays: dict[str, np.ndarray]):
         return None
     need, dtype, weights = runner.need, runner.dtype, plan.kind == "wgrad"
     finished = []
+    from ..kernels import native
+    wake = native.waker(plan.geom.flops) or (lambda: None)
 
     def full_finish(out):
         return plan.finish(ops.from_nxc(out, weights), dtype, None)
 
     def run(a, b):
+        wake()                             # (the engine's workers, for its first section)
         avail = memory.available_bytes()
         if avail is not None and need * memory.ADMIT_FRESH > avail:
             return None                  # (the full path admits it on a fresh reading)

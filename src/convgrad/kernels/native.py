@@ -258,6 +258,7 @@ class Engine:
                 ("cg_fma_loop_flops", i64, []),
                 ("cg_run_tasks", None, [vp, i64, i64, vp, i64]),
                 ("cg_pool_workers", i64, []),
+                ("cg_pool_wake", None, [i64]),
                 ("cg_pool_worker_tid", i64, [i64]),
                 ("cg_pool_kept_off_cpu", i64, [])):
             fn = getattr(lib, name)
@@ -645,6 +646,19 @@ def _sum_parts(eng: Engine, parts: np.ndarray, out: np.ndarray, threads: int) ->
     _pool.run_native(eng.lib, "cg_sum_parts",
                      [(pp, lo * SUM_BLOCK, min(n, hi * SUM_BLOCK)) for lo, hi in ranges], threads)
     del prob
+
+
+def waker(flops: int):
+    """A function that asks the engine's sleeping workers to wake and spin for the
+    section a call of ``flops`` is about to start (``cg_pool_wake``), or None where the
+    call runs on one thread or no engine is loaded yet: a bound call's first act, ahead
+    of its own Python (after a pause of the process a sleeping worker took 50-110 us to
+    join the first section)."""
+    threads = _threads(flops)
+    if threads <= 1 or not _ENGINES:
+        return None
+    wake = engine().lib.cg_pool_wake
+    return lambda: wake(threads)
 
 
 def _threads(flops: int) -> int:
