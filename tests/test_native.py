@@ -886,6 +886,47 @@ def test_channels_first_weight_gradient_kernel(isa, name, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", ["long-lines-2d", "dilated-strided", "short-lines-3d",
+                                  "all-padding-taps", "long-1d", "weight-stationary"])
+def test_channels_first_weight_gradient_writes_the_oix_result(isa, name, rng, monkeypatch):
+    """With partial gradients, the channels-first weight gradient's sum stores an OIX
+    caller's result itself (cg_sum_parts_oix, CF_WGRAD_OIX; channel ranges of a few
+    rows, SUM_OIX_BYTES): bitwise what the (*K, C, O) sum and its permuted copy give,
+    NaN and Inf included, on every build, 1 and 3 threads; the result is that OIX
+    memory, no copy of it."""
+    case = dict(STRUCTURAL_CF.get(name) or STRUCTURAL[name])
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    monkeypatch.setattr(native, "PARTIALS_BYTES", 2**40)
+    monkeypatch.setattr(native, "SUM_OIX_BYTES", 1)            # one channel a range
+    x, w, dy = make_arrays(case, rng, np.float32, False)
+    x[0, 0, ...] = np.nan                                      # (one input channel's row)
+    dy[-1, -1, ...] = np.inf
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    sums, real = [], native._bind_sum_parts
+    monkeypatch.setattr(native, "_bind_sum_parts",
+                        lambda *a: sums.append(a[4:]) or real(*a))
+    copies, real_copy = [], native.permuted_copy
+    monkeypatch.setattr(native, "permuted_copy", lambda a: copies.append(1) or real_copy(a))
+    got = []
+    for oix, threads in ((True, 1), (True, 3), (False, 2)):
+        monkeypatch.setattr(native, "CF_WGRAD_OIX", oix)
+        sums.clear(), copies.clear()
+        with convgrad.config(algo="native", isa=isa, threads=threads):
+            got.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
+        assert got[-1].shape == w.shape and got[-1].flags.c_contiguous
+        assert len(sums) == int(oix), sums                     # (the OIX sum, or not)
+        assert bool(copies) != oix or got[-1].size < native.PERMUTE_MIN_ELEMENTS
+    np.testing.assert_array_equal(got[0], got[1])
+    np.testing.assert_array_equal(got[0], got[2])
+    assert np.isnan(got[0]).any()
+    finite = np.isfinite(got[0])
+    assert_close(np.where(finite, got[0], 0),
+                 np.where(finite, reference_results(case, np.nan_to_num(x, nan=0, posinf=0),
+                                                    w, np.nan_to_num(dy, posinf=0))[1], 0),
+                 np.float32)
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("channels_last", [True, False], ids=["nxc", "ncx"])
 @pytest.mark.parametrize("geom", [
     _geometry(2, c=3, o=40, size=37, k=7, s=2, pb=3, pe=2, n=2),   # ResNet's conv1, small

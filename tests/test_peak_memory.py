@@ -240,6 +240,25 @@ def test_peak_memory_stays_within_the_documented_budget(mc):
             "the kernel allocates more than it declares -- " + _describe(algo, r))
 
 
+def test_channels_first_weight_gradients_sum_into_the_oix_result():
+    """ResNet-50 res3's stride-2 weight gradient for an OIX caller (NCX float32: the
+    channels-first kernel, 8 partial gradients): their sum stores the OIX result
+    (cg_sum_parts_oix), so the estimate declares no (*K, C, O) result before a copy, only
+    each thread's rows of the sum, and the call's extra memory stays within it and
+    under the 590 KB result.  (The default workspace: under the suite's 4 MiB the
+    partials do not fit and the direct kernel runs.)"""
+    case = Case("res3s2-wgrad-NCX", "conv_weight_grad",
+                {"x": ((8, 128, 56, 56), f32), "dy": ((8, 128, 28, 28), f32)},
+                dict(kernel_shape=(128, 128, 3, 3), strides=[2, 2], pads_begin=[1, 1],
+                     pads_end=[1, 1]), {})
+    r = measure(case, ("native",))["native"]
+    assert r["kernel"] == "native", r
+    assert "dw before the caller's copy" not in r["estimate"], r["estimate"]
+    assert r["estimate"]["the OIX sum's rows, per thread"] > 0, r["estimate"]
+    assert r["extra"] <= sum(r["estimate"].values()) + NOISE_BYTES, _describe("native", r)
+    assert r["extra"] < r["output_bytes"], _describe("native", r)
+
+
 def test_oix_weight_gradients_of_small_inputs_make_no_result_copy():
     """ResNet-50 res5's weight gradient for an OIX caller (NCX inputs converted once):
     the kernel's tasks write the OIX result, so no (*K, C, O) result waits for a

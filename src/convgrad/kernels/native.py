@@ -118,6 +118,11 @@ WGRAD_CHUNKS = 8
 PARTIALS_BYTES = 8 * 2**20
 # partial gradients are summed (_sum_parts) in ranges of whole blocks of this many floats
 SUM_BLOCK = 4096
+# ... or, stored as an OIX result (cg_sum_parts_oix), in ranges of channels whose rows of
+# every tap take at most this many bytes of a thread's buffer
+SUM_OIX_BYTES = 256 << 10
+# the channels-first weight gradient writes an OIX caller's result itself (_cf_oix)
+CF_WGRAD_OIX = True
 # wgrad split by outputs (channels-last float32): a grid of tap rows x output-block
 # ranges, at least this many tasks a thread (_wgrad_grid).  The tap-only split gave
 # ResNet-50 res4 4 tasks of 2-3 taps: 12% of a hot call lost to the uneven last task,
@@ -205,6 +210,10 @@ class _PartsSum(ctypes.Structure):
                 ("out", ctypes.c_void_p)]
 
 
+class _PartsSumOix(ctypes.Structure):
+    _fields_ = [("sum", _PartsSum), ("T", _I64), ("C", _I64), ("O", _I64)]
+
+
 # The engine's source files (native/*.cpp), each reporting the build it was compiled for.
 UNITS = ("engine", "grouped", "winograd", "pool", "cfwgrad")
 
@@ -243,6 +252,7 @@ class Engine:
                 ("cg_wgrad_run", None, [vp, i64, i64, i64, i64, i64, i64, vp, vp]),
                 ("cg_wgrad_run_shared", None, [vp, vp, i64, vp, vp]),
                 ("cg_sum_parts", None, [vp, i64, i64]),
+                ("cg_sum_parts_oix", None, [vp, i64, i64]),
                 ("cg_permute_task", None, [vp, i64, i64]),
                 ("cg_pack_panels_task", None, [vp, i64, i64]),
                 ("cg_pw_sample_task", None, [vp, i64, vp]),
@@ -521,6 +531,12 @@ def memory(call) -> dict[str, int]:
         nb = _nv_for(g.o, vl) * vl
         panel = max(CFW_PANEL_FLOATS, _pad3(g.out_sizes, 1)[2] * -(-g.o // nb) * nb) + 64
         parts["per-thread scratch"] = _threads(g.flops) * panel * 4
+        if call.out.dtype == np.float32 and _cf_oix(
+                g, "ncx" if call.out.layouts == frozenset({"ncx"}) else None):
+            # (the partials' sum writes the OIX result: no copy; a buffer per thread)
+            parts.pop("dw before the caller's copy", None)
+            parts["the OIX sum's rows, per thread"] = _threads(g.flops) * min(
+                SUM_OIX_BYTES, 4 * math.prod(g.kernel) * g.c * g.o)
     if _plain_pointwise(call.geom) and all("nxc" not in d.layouts and "ncx" in d.layouts
                                            for d in data_ops):
         # channels-first 1x1 calls (_transposed_pointwise): a sample's panels per thread
@@ -1454,11 +1470,12 @@ def _cf_wgrad_chunks(geom: ConvGeometry) -> int:
 def _cf_wgrad(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, dw: np.ndarray,
               threads: int) -> None:
     """The weight gradient of a one-group problem on float32 channels-first memory
-    into ``dw`` (*K, C, O), by engine.cpp's neighbour cfwgrad.cpp (cg_cfw_run): x read
-    in place as the tile's broadcasts, dy transposed into panels.  Results never depend
-    on the thread count: the lines are cut into a fixed number of ranges
-    (WGRAD_CHUNKS), one partial gradient each (:func:`_cf_wgrad_fits`), summed in
-    order."""
+    into ``dw`` (*K, C, O), or a transposed view of OIX memory (:func:`_cf_oix`), by
+    engine.cpp's neighbour cfwgrad.cpp (cg_cfw_run): x read in place as the tile's
+    broadcasts, dy transposed into panels.  Results never depend on the thread count:
+    the lines are cut into a fixed number of ranges (WGRAD_CHUNKS), one partial
+    gradient each (:func:`_cf_wgrad_fits`), summed in order."""
+    oix = not dw.flags.c_contiguous
     r = geom.spatial_rank
     k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
                       _pad3(geom.pads_begin, 0))
@@ -1491,9 +1508,20 @@ def _cf_wgrad(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, dw
     buf, per_thread = _pool.thread_scratch("native-pack", int(eng.lib.cg_cfw_scratch(pp)), n)
     _pool.run_native(eng.lib, "cg_cfw_run", [(pp, k) for k in range(len(tasks))], n,
                      per_thread)
-    if parts is not None:
+    if parts is not None and oix:
+        _bind_sum_parts(eng.lib, dw.size, chunks, threads, geom)(parts.ctypes.data,
+                                                                 dw.ctypes.data)
+    elif parts is not None:
         _sum_parts(eng, parts, dw, threads)
     del prob, buf, table
+
+
+def _cf_oix(geom: ConvGeometry, result_layout) -> bool:
+    """Whether the channels-first weight gradient writes the OIX memory of a caller who
+    keeps OIX (``result_layout="ncx"``): where it sums partial gradients, their sum
+    stores OIX rows (cg_sum_parts_oix), in place of a permuted copy of dw
+    afterwards (CF_WGRAD_OIX)."""
+    return CF_WGRAD_OIX and result_layout == "ncx" and _cf_wgrad_chunks(geom) > 1
 
 
 def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout=None,
@@ -1513,7 +1541,11 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout=None,
     threads = _threads(geom.flops)
     if (CF_WGRAD and G == 1 and _channels_first(x) and _channels_first(dy)
             and not (_plain_pointwise(geom) and POINTWISE_KERNEL) and _cf_wgrad_fits(geom)):
-        result = _results.empty(shape, np.float32)
+        if _cf_oix(geom, result_layout):
+            oix = _results.empty((geom.o, cg, *geom.kernel), np.float32)
+            result = oix.transpose(_OIX_AS_XIO[oix.ndim])
+        else:
+            result = _results.empty(shape, np.float32)
         _cf_wgrad(eng, x, dy, geom, result, threads)
         return result
     x, dy = (_stationary_input(a, geom, "wgrad", eng.vl) for a in (x, dy))
@@ -1647,25 +1679,39 @@ def _stream_part(plan: WgradPlan, geom: ConvGeometry, tasks: list, vl: int) -> i
     return part if _part_fits(part, WGRAD_STREAM_PART_L2) else 0
 
 
-def _bind_sum_parts(lib, size: int, chunks: int, threads: int):
+def _bind_sum_parts(lib, size: int, chunks: int, threads: int, oix: ConvGeometry = None):
     """:func:`_sum_parts` of ``chunks`` partials of ``size`` floats bound: ``add(parts
-    address, out address)``."""
-    sums = _PartsSum(None, chunks, size, None)
-    blocks = -(-size // SUM_BLOCK)
-    st = max(1, min(threads, blocks))
-    ranges = _pool.split(blocks, 4 * st) if st > 1 else [(0, blocks)]
+    address, out address)``; with ``oix`` (the geometry of a one-group weight gradient,
+    partials (*K, C, O)) the sums are stored as its OIX result (cg_sum_parts_oix, ranges
+    of channels whose rows of every tap take at most SUM_OIX_BYTES of a thread's
+    buffer)."""
+    if oix is None:
+        sums = _PartsSum(None, chunks, size, None)
+        blocks = -(-size // SUM_BLOCK)
+        st = max(1, min(threads, blocks))
+        ranges = [(lo * SUM_BLOCK, min(size, hi * SUM_BLOCK)) for lo, hi in
+                  (_pool.split(blocks, 4 * st) if st > 1 else [(0, blocks)])]
+        fn, top = "cg_sum_parts", sums
+    else:
+        T, c, o = math.prod(oix.kernel), oix.c, oix.o
+        top = _PartsSumOix(_PartsSum(None, chunks, size, None), T, c, o)
+        sums = top.sum
+        per = max(1, SUM_OIX_BYTES // (4 * T * o))
+        st = max(1, min(threads, c))
+        ranges = _pool.split(c, min(c, max(4 * st if st > 1 else 1, -(-c // per))))
+        fn = "cg_sum_parts_oix"
     go = _bound.runner(lib, _bound.task_table(
-        lib, "cg_sum_parts", [(ctypes.addressof(sums), lo * SUM_BLOCK,
-                               min(size, hi * SUM_BLOCK)) for lo, hi in ranges]), st)
+        lib, fn, [(ctypes.addressof(top), lo, hi) for lo, hi in ranges]), st)
 
     def add(parts_at: int, out_at: int) -> None:
         sums.parts, sums.out = parts_at, out_at
         go()
-    add.keep = sums
+    add.keep = top
     return add
 
 
-def _bind_cf_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, shape):
+def _bind_cf_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, shape,
+                   result_layout=None):
     """:func:`_cf_wgrad` bound (``_bound``): descriptor, task table and the partials' sum
     made once; a call patches x, dy, the result and the partials' address."""
     eng = engine()
@@ -1698,12 +1744,19 @@ def _bind_cf_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, shape):
     per = _pool.scratch_bytes(need)
     go = _bound.runner(lib, _bound.task_table(lib, "cg_cfw_run",
                                               [(pp, k) for k in range(len(cuts))]), n, per)
-    add = _bind_sum_parts(lib, size, chunks, threads) if chunks > 1 else None
+    oix = _cf_oix(geom, result_layout)
+    add = (_bind_sum_parts(lib, size, chunks, threads, geom if oix else None)
+           if chunks > 1 else None)
     empty, address, thread_scratch = _results.empty, _bound.address, _pool.thread_scratch
+    oix_shape, as_xio = (geom.o, geom.c, *geom.kernel), _OIX_AS_XIO.get(len(shape))
 
     def run(x, dy):
-        dw = empty(shape, np.float32)
-        at = address(dw)
+        if oix:
+            mem = empty(oix_shape, np.float32)
+            dw, at = mem.transpose(as_xio), address(mem)
+        else:
+            dw = empty(shape, np.float32)
+            at = address(dw)
         prob.x, prob.dy = address(x), address(dy)
         if add is not None:
             parts = scratch("native-partials", (chunks, size), np.float32, zero=False)
@@ -1798,7 +1851,7 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout
     threads = _threads(geom.flops)
     if (CF_WGRAD and G == 1 and _channels_first(x) and _channels_first(dy)
             and not (_plain_pointwise(geom) and POINTWISE_KERNEL) and _cf_wgrad_fits(geom)):
-        return _bind_cf_wgrad(x, dy, geom, shape)
+        return _bind_cf_wgrad(x, dy, geom, shape, result_layout)
     geom0 = geom
     xs, dys = (_stationary_input(a, geom, "wgrad", eng.vl) for a in (x, dy))
     copied = (xs is not x, dys is not dy)
