@@ -1340,6 +1340,31 @@ def test_16_bit_streamed_weight_gradients_round_their_float32_sums_once(isa, dty
         np.testing.assert_array_equal(other.view(np.uint16), got[0][0].view(np.uint16))
 
 
+@pytest.mark.parametrize("dims", [
+    dict(c=128, o=128, size=56, k=3, s=2, n=8),       # ResNet-50 res3 stride 2: 224 lines
+    dict(c=256, o=64, size=56, k=1, pb=0, pe=0, n=8),   # res2 1x1: 448
+    dict(c=3, o=64, size=224, k=7, s=2, pb=3, pe=3, n=8),   # conv1: 896
+    dict(c=20, o=24, size=37, k=3, n=3),                # 111 lines, prime-ish
+], ids=["res3s2", "res2-1x1", "conv1", "odd"])
+def test_wgrad_chunks_hold_equal_work(dims):
+    """Where the weight gradient sums partials of position chunks, every chunk (a task)
+    holds the same number of work items and its lines differ from another's by at most
+    one; the items cover the lines once, in order (the 8 partials: WGRAD_CHUNKS)."""
+    from convgrad.geometry import make_geometry
+    geom = make_geometry("test", **_geometry(2, **dims))
+    eng = native.engine()
+    plan = native._wgrad_plan_of(eng, geom, 2)
+    assert not plan.split_outputs and plan.chunks == native.WGRAD_CHUNKS
+    items = plan.items
+    assert items[0, 0] == 0 and (items[1:, 0] == items[:-1, 1]).all()
+    assert items[-1, 1] == geom.n * geom.out_sizes[0]
+    tasks = native._wgrad_tasks(plan, geom, False, 2)
+    assert len(tasks) == plan.chunks
+    assert len({hi - lo for lo, hi, *_ in tasks}) == 1, tasks
+    lines = [int(items[hi - 1, 1] - items[lo, 0]) for lo, hi, *_ in tasks]
+    assert max(lines) - min(lines) <= 1, lines
+
+
 def test_stream_parts_stay_within_the_part_limits(monkeypatch):
     """Parts for one group, tasks split by outputs, results of at least
     WGRAD_STREAM_MIN_BYTES, within WGRAD_OIX_PART_BYTES and 3/4 of the L2: ResNet-50

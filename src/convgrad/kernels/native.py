@@ -115,6 +115,8 @@ CORR_FLAT_BELOW = 6
 # wgrad: positions are cut into this many chunks with partial weight gradients
 # if they take at most PARTIALS_BYTES, else the output channels are split.
 WGRAD_CHUNKS = 8
+# ... each holding the same number of work items (wgrad_plan)
+WGRAD_EVEN_CHUNKS = True
 PARTIALS_BYTES = 8 * 2**20
 # partial gradients are summed (_sum_parts) in ranges of whole blocks of this many floats
 SUM_BLOCK = 4096
@@ -1405,7 +1407,17 @@ def wgrad_plan(geom: ConvGeometry, vl: int, mr_of: tuple, consts: tuple) -> Wgra
     band = max(1, -(-chunk // max(1, m3[2])))
     if not split_outputs:
         band = max(1, min(band, lines // chunks))
-    items = _i64([(lo, min(lines, lo + band)) for lo in range(0, lines, band)]).reshape(-1, 2)
+    if not split_outputs and WGRAD_EVEN_CHUNKS and chunks > 1:
+        # the same number of items in every chunk (a task each, from a shared counter),
+        # the chunks' lines near-equal: ResNet-50 res3 stride 2's 224 lines had made 12
+        # items of 19 lines in chunks of 1 or 2 items (a thread idle for up to 2 of its 6
+        # at the end), res2 1x1's 448 made 45 in chunks of 5 or 6; now 16 and 48
+        per = -(-(-(-lines // band)) // chunks)
+        items = _i64([(lo + a, lo + b) for lo, hi in _pool.split(lines, chunks)
+                      for a, b in _pool.split(hi - lo, per)]).reshape(-1, 2)
+    else:
+        items = _i64([(lo, min(lines, lo + band))
+                      for lo in range(0, lines, band)]).reshape(-1, 2)
     items.setflags(write=False)
     return WgradPlan(nv, chunk, items, split_outputs, min(chunks, len(items)), nblocks)
 
