@@ -203,6 +203,41 @@ def test_data_gradient_of_groups_of_tiles_with_unequal_items(rng):
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < winograd.ERROR_BOUND
 
 
+@pytest.mark.parametrize("op", ["fwd", "dgrad"])
+@pytest.mark.parametrize("dims", [dict(r=2, n=3, c=40, o=36, size=(30, 27)),
+                                  dict(r=3, n=1, c=20, o=24, size=(10, 9, 11)),
+                                  dict(r=1, n=5, c=24, o=40, size=300, d=3, pb=3, pe=3)],
+                         ids=["2d", "3d", "1d-dilated"])
+def test_correlation_items_run_a_task_each(op, dims, rng, monkeypatch):
+    """Each work item of a Winograd correlation is a task of its own (ITEM_TASKS, taken
+    from the pool's counter), on 1 to 3 threads: the same bits as ranges of consecutive
+    items (the layout before)."""
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    dims = dict(dims)
+    case = geometry(dims.pop("r"), **dims)
+    x, w, dy = make_arrays(case, rng)
+    tables = []
+    real = winograd._item_ranges
+    monkeypatch.setattr(winograd, "_item_ranges",
+                        lambda *a: tables.append(real(*a)) or tables[-1])
+    got = []
+    for tasks, threads in ((True, 2), (True, 3), (True, 1), (False, 2)):
+        monkeypatch.setattr(winograd, "ITEM_TASKS", tasks)
+        tables.clear()
+        with convgrad.config(algo="winograd", threads=threads):
+            got.append(convgrad.conv_forward(x, w, **attrs(case)) if op == "fwd"
+                       else convgrad.conv_data_grad(w, dy, x.shape, **attrs(case)))
+        assert tables, "no Winograd items ran"
+        sizes = {hi - lo for t in tables for lo, hi in t}
+        assert sizes == {1} if tasks else max(sizes) >= 1
+    for g in got[1:]:
+        np.testing.assert_array_equal(g, got[0])
+    with convgrad.config(precision="highest"):
+        want = (convgrad.conv_forward(x, w, **attrs(case)) if op == "fwd"
+                else convgrad.conv_data_grad(w, dy, x.shape, **attrs(case)))
+    assert np.linalg.norm(got[0] - want) / np.linalg.norm(want) < winograd.ERROR_BOUND
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype,channels_last", [(np.float32, False), (np.float16, False)])
 def test_weight_gradient_items_convert_only_their_channels(isa, dtype, channels_last, rng,

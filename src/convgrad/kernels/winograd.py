@@ -84,6 +84,19 @@ WHOLE_CHUNK_L2 = 0.625
 # measured with.
 WEIGHTS_ITEM_TILES = 64
 WEIGHTS_ITEM_L2 = 0.92
+# A correlation's work items: a task each, taken from the pool's shared counter (ITEM_TASKS;
+# False: 4 ranges of consecutive items a thread, as before 2026-11-27).  DeepLab's 44
+# items in 8 ranges of 5 or 6 left a thread idle for up to an item at the end, U-Net's
+# 304 in ranges of 38 the same: in-process A/B after the pause, NXC DeepLab 1.08x,
+# U-Net 1.10x, NCX 1.05x / 1.03x; hot 1.04-1.08x; TCN and res2 level; the same bits.
+ITEM_TASKS = True
+
+
+def _item_ranges(first: int, count: int, threads: int) -> list[tuple[int, int]]:
+    """Work items [first, first + count) as task ranges (ITEM_TASKS)."""
+    if ITEM_TASKS:
+        return [(first + i, first + i + 1) for i in range(count)]
+    return [(first + lo, first + hi) for lo, hi in _pool.split(count, 4 * threads)]
 
 
 class _TileGeom(ctypes.Structure):
@@ -610,9 +623,9 @@ def _run_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
                           for lo, hi in _pool.split(nblk, wt)], wt)
 
     def run(first, count):
-        """The work items [first, first + count), 4 ranges a thread."""
-        ranges = [(first + lo, first + hi) for lo, hi in _pool.split(count, 4 * threads)]
-        need = max(int(lib.cg_wino_scratch(pp, lo, hi)) for lo, hi in ranges)
+        """The work items [first, first + count), a task each (_item_ranges)."""
+        ranges = _item_ranges(first, count, threads)
+        need = int(lib.cg_wino_scratch(pp, first, first + count))
         buf, per_thread = _pool.thread_scratch("native-pack", need, threads)
         _pool.run_native(lib, "cg_wino_run", [(pp, lo, hi) for lo, hi in ranges], threads,
                          per_thread)
@@ -672,8 +685,8 @@ def _bind_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
 
     def items(first, count):
         """The runner of work items [first, first + count) and its scratch floats."""
-        ranges = [(first + lo, first + hi) for lo, hi in _pool.split(count, 4 * threads)]
-        need = max(int(lib.cg_wino_scratch(pp, lo, hi)) for lo, hi in ranges)
+        ranges = _item_ranges(first, count, threads)
+        need = int(lib.cg_wino_scratch(pp, first, first + count))
         per = _pool.scratch_bytes(need)
         return _bound.runner(lib, _bound.task_table(
             lib, "cg_wino_run", [(pp, lo, hi) for lo, hi in ranges]), threads, per), need
