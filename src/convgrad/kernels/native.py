@@ -1412,7 +1412,8 @@ def wgrad_plan(geom: ConvGeometry, vl: int, mr_of: tuple, consts: tuple) -> Wgra
         # the chunks' lines near-equal: ResNet-50 res3 stride 2's 224 lines had made 12
         # items of 19 lines in chunks of 1 or 2 items (a thread idle for up to 2 of its 6
         # at the end), res2 1x1's 448 made 45 in chunks of 5 or 6; now 16 and 48
-        per = -(-(-(-lines // band)) // chunks)
+        n_items = -(-lines // band)
+        per = -(-n_items // chunks)
         items = _i64([(lo + a, lo + b) for lo, hi in _pool.split(lines, chunks)
                       for a, b in _pool.split(hi - lo, per)]).reshape(-1, 2)
     else:
