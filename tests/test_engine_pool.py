@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -109,14 +110,13 @@ def _run_ns(tid: int) -> int | None:
 
 def test_a_woken_worker_spins_for_the_coming_section_and_one_thread_wakes_none():
     """cg_pool_wake(threads) makes a sleeping worker spin (about WAKE_SPIN, 1 ms, of
-    its run time) for the section the caller is about to start; a one-thread call, or
-    a process whose pool has no workers, wakes nothing."""
+    its run time) for the section the caller is about to start; a one-thread call wakes
+    nothing."""
     lib = _lib()
     _probe(lib, 16, 2, spin=2000)            # (the pool has its worker)
     tid = lib.cg_pool_worker_tid(0)
     if tid <= 0 or _run_ns(tid) is None:
         pytest.skip("no per-thread run times")
-    import time
 
     def ran(act):
         time.sleep(0.05)                     # (the worker asleep: SPIN is 0.3 ms)
@@ -130,7 +130,7 @@ def test_a_woken_worker_spins_for_the_coming_section_and_one_thread_wakes_none()
     woke = [ran(lambda: lib.cg_pool_wake(2)) for _ in range(3)]
     idle = [ran(lambda: lib.cg_pool_wake(1)) for _ in range(3)] + [ran(lambda: None)]
     assert max(woke) > 500_000, (woke, idle)
-    assert min(idle) < 200_000, (woke, idle)
+    assert max(idle) < 300_000, (woke, idle)
     counts, *_ = _probe(lib, 16, 2, spin=2000)
     assert (counts == 1).all()
 
