@@ -1062,14 +1062,14 @@ class WgradPlan:
 
 # Fused tasks where the plan allows (WgradPlan.fused; False keeps the box's sums, for A/B).
 WGRAD_FUSED = True
+# Fused tasks store an OIX caller's result in OIX memory (_writes_oix; False: a
+# (*K, C/G, O) result and the caller's permuted copy, for A/B).
+WGRAD_OIX = True
 
 
 def _fused(plan: WgradPlan) -> bool:
     """Whether the plan's tasks run fused (``WGRAD_FUSED`` and ``WgradPlan.fused``)."""
     return WGRAD_FUSED and plan.fused
-# Fused tasks store an OIX caller's result in OIX memory (_writes_oix; False: a
-# (*K, C/G, O) result and the caller's permuted copy, for A/B).
-WGRAD_OIX = True
 
 
 def _task_sums_floats(lib, pp: int, plan: WgradPlan) -> int:
