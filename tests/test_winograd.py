@@ -1,7 +1,7 @@
 """Winograd kernels (kernels/winograd.py, native/winograd.cpp) on every instruction-set
 build this CPU runs and on the AVX-512 build's logic, against the independent naive
 float64 reference (tests/naive.py): 1-D, 2-D and 3-D 3-tap stride-1 problems with any
-dilation, asymmetric and large pads, groups, channel tails, F(4, 3) and F(2, 3), both
+dilation, asymmetric and large pads, groups, channel tails, F(6, 3) to F(2, 3), both
 work decompositions of each op, float32/float16/bfloat16, channels-first and -last
 callers; NaN/Inf semantics equal to the direct engine's (D17); results independent of
 the thread count (D19); the error bound the chooser keeps (D24) and the model behind
@@ -567,25 +567,35 @@ def test_the_chooser_takes_winograd_where_it_pays_and_stays_within_the_bound():
     assert kernels.select("fwd", deep, np.float32).name != "winograd"
 
 
-def test_the_tile_size_multiplies_least():
+def test_the_tile_size_multiplies_least(monkeypatch):
     """F(3, 3) on DeepLab's 5- and 6-wide dilated sub-grids (33 x 33, d = 6), where F(4, 3)
-    and F(2, 3) multiply 1.44x as much; F(4, 3) on ResNet-50's 56, 14 and 7 (where F(3, 3)
-    wastes more); equal products go to the smaller tile (the more accurate)."""
+    and F(2, 3) multiply 1.44x as much, for its weight gradient; its correlations take
+    F(6, 3) (one tile a sub-grid axis: 0.64x F(3, 3)'s products); F(4, 3) on ResNet-50's
+    56, 14 and 7 (where F(3, 3) wastes more); equal products go to the smaller tile (the
+    more accurate)."""
     deeplab = make_geometry("t", **geometry(2, n=4, c=256, o=256, size=33, d=6, pb=6, pe=6))
     p = {m: winograd.products(deeplab, m) for m in winograd.TILE_SIZES}
-    assert p[4] == p[2] and p[4] * 100 == p[3] * 144
-    for op in kernels.OPS:
-        assert winograd.tile_size(deeplab, op) == 3, op
+    assert p[4] == p[2] and p[4] * 100 == p[3] * 144 and p[6] * 100 == p[3] * 64
+    assert winograd.tile_size(deeplab, "wgrad") == 3
+    for op in ("fwd", "dgrad"):
+        assert winograd.tile_size(deeplab, op) == 6, op
     for size in (56, 14, 7):
         g = make_geometry("t", **geometry(2, n=8, c=64, o=64, size=size))
         assert winograd.tile_size(g, "fwd") == 4, size
     # 1-D, 2 outputs: one F(2, 3) tile multiplies 4 times, F(3, 3) 5, F(4, 3) 6
     tiny = make_geometry("t", **geometry(1, n=1, c=8, o=8, size=4, pb=0, pe=0))
     assert winograd.tile_size(tiny, "fwd") == 2
-    # 17 outputs: 5 tiles of 4 (30 products) against 6 of 3 (30): the smaller tile
+    # 17 outputs: 5 tiles of 4 (30 products) against 6 of 3 (30): the smaller tile --
+    # unless F(6, 3) is allowed (3 tiles, 24 products)
     g17 = make_geometry("t", **geometry(1, n=1, c=8, o=8, size=17))
-    assert winograd.products(g17, 4) == winograd.products(g17, 3)
-    assert winograd.tile_size(g17, "fwd") == 3
+    assert winograd.products(g17, 4) == winograd.products(g17, 3) == 30
+    assert winograd.products(g17, 6) == 24 and winograd.tile_size(g17, "fwd") == 6
+    monkeypatch.setattr(winograd, "F6_MAX_PRODUCTS", 0.0)
+    winograd.tile_size.cache_clear()
+    try:
+        assert winograd.tile_size(g17, "fwd") == 3
+    finally:
+        winograd.tile_size.cache_clear()
 
 
 def test_a_weight_gradient_takes_the_least_tile_whose_sums_it_would_keep(monkeypatch):
@@ -601,7 +611,7 @@ def test_a_weight_gradient_takes_the_least_tile_whose_sums_it_would_keep(monkeyp
     try:
         assert winograd._sums_too_large(deeplab, 3) and not winograd._sums_too_large(deeplab, 2)
         assert winograd.tile_size(deeplab, "wgrad") == 2
-        assert winograd.tile_size(deeplab, "dgrad") == 3
+        assert winograd.tile_size(deeplab, "dgrad") == 6
     finally:
         winograd.tile_size.cache_clear()
 
@@ -692,14 +702,40 @@ def test_channels_first_results_stream_into_recycled_memory(isa, rng, monkeypatc
 
 def test_small_images_take_the_smaller_tile():
     """4x4 tiles on a 2x2 image compute 16 outputs for 4 (36 products against 16 for a
-    2x2 tile); on 6x6, 4 tiles of 4x4 multiply as much as 9 of 2x2 (144 products) and 4
-    of 3x3 less (100): F(3, 3); 7x7 (res5) and 56x56 keep F(4, 3)."""
+    2x2 tile); on 6x6, 4 tiles of 4x4 multiply as much as 9 of 2x2 (144 products), 4 of
+    3x3 less (100) and one of 6x6 least (64): F(6, 3), as on 5x5; 7x7 (res5) and 56x56
+    keep F(4, 3); the weight gradient never takes F(6, 3) (F(3, 3) on 6x6)."""
     def g(size):
         return make_geometry("t", **geometry(2, n=1, c=64, o=64, size=size))
     assert winograd.products(g(2), 2) < winograd.products(g(2), 4)
     assert winograd.products(g(6), 2) == winograd.products(g(6), 4) == 144
-    assert winograd.products(g(6), 3) == 100
-    assert [winograd.tile_size(g(s), "fwd") for s in (2, 6, 7, 56)] == [2, 3, 4, 4]
+    assert winograd.products(g(6), 3) == 100 and winograd.products(g(6), 6) == 64
+    assert [winograd.tile_size(g(s), "fwd") for s in (2, 5, 6, 7, 56)] == [2, 6, 6, 4, 4]
+    assert winograd.tile_size(g(6), "wgrad") == 3
+
+
+def test_f6_only_where_it_saves_enough_products():
+    """A correlation takes F(6, 3) where it multiplies at most F6_MAX_PRODUCTS of the best
+    other tile's products: the 3-D U-Net's 64-wide planes (11 tiles of 8 points an axis
+    against 16 of 6: 0.84x), not the TCN's 512-long sub-grids (0.90x) or ResNet-50 res2
+    (56: 0.91x)."""
+    def ratio(geom):
+        return winograd.products(geom, 6) / winograd.products(geom, 4)
+    unet = make_geometry("t", **geometry(3, n=1, c=32, o=32, size=64))
+    tcn = make_geometry("t", **geometry(1, n=16, c=128, o=128, size=4096, d=8, pb=8, pe=8))
+    res2 = make_geometry("t", **geometry(2, n=8, c=64, o=64, size=56))
+    assert ratio(unet) <= winograd.F6_MAX_PRODUCTS < min(ratio(tcn), ratio(res2))
+    for op in ("fwd", "dgrad"):
+        assert winograd.tile_size(unet, op) == 6
+        assert winograd.tile_size(tcn, op) == winograd.tile_size(res2, op) == 4
+    assert {winograd.tile_size(g, "wgrad") for g in (unet, tcn, res2)} == {4}
+    assert winograd.preferred(unet, "dgrad")
+    # a reduction long enough for F(6, 3)'s estimate to pass the bound (but not F(4, 3)'s)
+    # takes the next tile instead of leaving the layer to the direct kernels
+    wide = make_geometry("t", **geometry(2, n=1, c=1024, o=1024, size=33))
+    assert winograd.error_estimate(wide, "fwd", 6) > winograd.ERROR_BOUND
+    assert winograd.products(wide, 6) <= winograd.F6_MAX_PRODUCTS * winograd.products(wide, 4)
+    assert winograd.tile_size(wide, "fwd") == 4 and winograd.preferred(wide, "fwd")
 
 
 def test_precision_setting():

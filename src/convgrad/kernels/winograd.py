@@ -202,24 +202,39 @@ def products(geom: ConvGeometry, m: int, out_sizes=None) -> int:
     return geom.n * lead * math.prod(per_axis) * (m + 2) ** ax
 
 
-# Outputs per tile along an axis: F(4, 3), F(3, 3), F(2, 3).
-TILE_SIZES = (4, 3, 2)
+# Outputs per tile along an axis: F(6, 3), F(4, 3), F(3, 3), F(2, 3).
+TILE_SIZES = (6, 4, 3, 2)
+# The weight gradient's: not F(6, 3) (its sums per point would grow 64 / 36 and its
+# error about twice F(4, 3)'s, for no row that needs it).
+WGRAD_TILE_SIZES = (4, 3, 2)
+# F(6, 3) transforms cost more per value than the smaller tiles' and its float32 error is
+# about twice F(4, 3)'s: a correlation takes it only where it multiplies at most this
+# fraction of the best other tile's products (and its estimated error is within the
+# bound; else the next tile).  Measured (docs/kernels.md): DeepLab d6 (0.64) 1.12x,
+# U-Net 3-D (0.84) 1.09x after the benchmark's pause; TCN (0.90) 1.03-1.10x after it,
+# 0.97x hot; ResNet-50 res2 (0.91) 0.98x.
+F6_MAX_PRODUCTS = 0.85
 
 
 @functools.lru_cache(maxsize=1024)
 def tile_size(geom: ConvGeometry, op: str) -> int:
     """The tile of :data:`TILE_SIZES` that multiplies least (of equals, the smaller: the
-    more accurate).  F(4, 3) on large images; its tiles waste the saving on small ones and
-    on dilated layers' short sub-grids, where F(3, 3) (5- and 6-wide, DeepLab d6's) or
-    F(2, 3) multiplies less.  The correlation's output sizes decide (dgrad: dx).  A weight
-    gradient skips a tile whose sums are too large for the AVX-512 build's rule
-    (:func:`_sums_too_large`) where another tile's are not -- on every build, since the
-    tile does not depend on the build."""
+    more accurate; F(6, 3) only by :data:`F6_MAX_PRODUCTS`, for correlations).  F(4, 3)
+    on large images; its tiles waste the saving on small ones and on dilated layers'
+    short sub-grids, where F(3, 3) (a weight gradient on DeepLab d6's 5- and 6-wide ones;
+    its correlations take F(6, 3)) or F(2, 3) multiplies less.  The correlation's output
+    sizes decide (dgrad: dx).  A weight gradient skips a tile whose sums are too large
+    for the AVX-512 build's rule (:func:`_sums_too_large`) where another tile's are not
+    -- on every build, since the tile does not depend on the build."""
     sizes = geom.in_sizes if op == "dgrad" else geom.out_sizes
-    ranked = sorted(TILE_SIZES, key=lambda m: (products(geom, m, sizes), m))
+    ranked = sorted(WGRAD_TILE_SIZES if op == "wgrad" else TILE_SIZES[1:],
+                    key=lambda m: (products(geom, m, sizes), m))
     if op == "wgrad":
         fits = [m for m in ranked if not _sums_too_large(geom, m)]
         return (fits or ranked)[0]
+    if (products(geom, 6, sizes) <= F6_MAX_PRODUCTS * products(geom, ranked[0], sizes)
+            and error_estimate(geom, op, 6) <= ERROR_BOUND):
+        return 6
     return ranked[0]
 
 
@@ -241,7 +256,9 @@ ERROR_MODEL = {("corr", 2, 4): (12.0, 1.3), ("corr", 1, 4): (5.0, 0.7),
                ("corr", 2, 2): (3.0, 0.3), ("corr", 1, 2): (3.0, 0.3),
                ("wgrad", 2, 4): (30.0, 0.06), ("wgrad", 1, 4): (12.0, 0.04),
                ("wgrad", 2, 3): (14.0, 0.1), ("wgrad", 1, 3): (7.0, 0.1),
-               ("wgrad", 2, 2): (8.0, 0.02), ("wgrad", 1, 2): (8.0, 0.02)}
+               ("wgrad", 2, 2): (8.0, 0.02), ("wgrad", 1, 2): (8.0, 0.02),
+               ("corr", 2, 6): (22.0, 1.9), ("corr", 1, 6): (7.0, 0.85),
+               ("wgrad", 2, 6): (45.0, 0.12), ("wgrad", 1, 6): (16.0, 0.08)}
 
 
 def error_estimate(geom: ConvGeometry, op: str, m: int | None = None) -> float:
