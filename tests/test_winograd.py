@@ -162,18 +162,21 @@ def test_every_work_decomposition_agrees(rng, monkeypatch):
             assert plan.regime == ("tiles" if shared_u else "weights")
             if not shared_u:
                 assert (len(plan.groups_of_tiles) > 1) == (shared_v < 2**20)
-                # each group's items, in order, cover all items; with 5-tile items the
-                # data gradient's short last group of tiles (16 of 64) has fewer items
+                # each group's items, in order, cover all items
                 bounds = [b for g in plan.group_items for b in g]
                 assert bounds[0] == 0 and bounds[-1] == len(plan.items)
                 assert all(a == b for a, b in zip(bounds[1:-1:2], bounds[2::2]))
-                sizes = {i1 - i0 for i0, i1 in plan.group_items}
                 if weights_l2:           # (one item a group and output block: all its tiles)
                     for (s0, s1, _, _), (i0, i1) in zip(plan.groups_of_tiles,
                                                         plan.group_items):
                         assert (plan.items[i0:i1, :2] == (s0, s1)).all(), plan.items
-                if op == "dgrad":
-                    assert (len(sizes) > 1) == (weights_tiles == 5 and shared_v < 2**20)
+                # groups of near-equal tiles, each cut into items of weights_tiles at most
+                spans = [s1 - s0 for s0, s1, _, _ in plan.groups_of_tiles]
+                assert max(spans) - min(spans) <= 1
+                if not weights_l2:
+                    blocks = len(plan.items) // sum(-(-t // weights_tiles) for t in spans)
+                    assert [i1 - i0 for i0, i1 in plan.group_items] == [
+                        blocks * -(-t // weights_tiles) for t in spans]
         plan = winograd.wgrad_plan(geom, eng.vl, 4, winograd._wgrad_budgets())
         assert (plan.parts > 0) == (partials > 0)
         with convgrad.config(algo="winograd"):
@@ -182,25 +185,40 @@ def test_every_work_decomposition_agrees(rng, monkeypatch):
             assert_close(g, e, np.float32)
 
 
-def test_data_gradient_of_groups_of_tiles_with_unequal_items(rng):
-    """A data gradient whose transformed weights outgrow SHARED_U_BYTES, and whose 324
-    tiles a plane do not fit one group of transformed input (227 and 97 tiles: four and
-    two items per output block), with the default budgets and chooser (it ran the second
-    group's items from the first's count: wrong sums or a crash, 2026-11-27): equal to
-    the direct kernels (precision="highest"; checked against the reference elsewhere)."""
+def test_data_gradient_of_groups_of_tiles_with_unequal_items(rng, monkeypatch):
+    """A data gradient whose transformed weights outgrow SHARED_U_BYTES, and whose tiles
+    a plane do not fit one group of transformed input: with the default budgets two
+    groups of 72 of its 144 F(6, 3) tiles (not 128 + 16: a short last group transformed
+    the weights again for a few tiles), an item each per output block; with a group
+    budget of 30 tiles and items of 28, groups of 28 and 29 tiles -- one item and two
+    per output block (it once ran the second group's items from the first's count:
+    wrong sums or a crash, 2026-11-27).  Both equal to the direct kernels
+    (precision="highest"; checked against the reference elsewhere)."""
     case = geometry(2, n=4, c=256, o=256, size=(33, 33))
     geom = make_geometry("t", **case)
     eng = native.engine()
-    plan = winograd.corr_plan(geom, "dgrad", eng.vl, winograd._mr_of(eng),
-                              winograd.tile_size(geom, "dgrad"), winograd._budgets())
-    assert plan.regime == "weights"
-    assert len({i1 - i0 for i0, i1 in plan.group_items}) > 1
-    assert winograd.preferred(geom, "dgrad")
+    assert winograd.tile_size(geom, "dgrad") == 6 and winograd.preferred(geom, "dgrad")
     x, w, dy = make_arrays(case, rng)
-    got = convgrad.conv_data_grad(w, dy, x.shape, **attrs(case))
     with convgrad.config(precision="highest"):
         want = convgrad.conv_data_grad(w, dy, x.shape, **attrs(case))
-    assert np.linalg.norm(got - want) / np.linalg.norm(want) < winograd.ERROR_BOUND
+    blocks = -(-256 // (eng.vl * winograd.corr_plan(
+        geom, "dgrad", eng.vl, winograd._mr_of(eng), 6, winograd._budgets()).nv))
+    for budget, item_tiles, groups, items in ((None, None, [72, 72], [1, 1]),
+                                              (30, 28, [28, 29, 29, 29, 29], [1, 2, 2, 2, 2])):
+        if budget:
+            monkeypatch.setattr(winograd, "SHARED_V_BYTES", budget * 4 * 64 * 256)
+            monkeypatch.setattr(winograd, "WEIGHTS_ITEM_TILES", item_tiles)
+            monkeypatch.setattr(winograd, "WEIGHTS_ITEM_L2", 0)
+            kernels.clear_choices()
+        plan = winograd.corr_plan(geom, "dgrad", eng.vl, winograd._mr_of(eng), 6,
+                                  winograd._budgets())
+        assert plan.regime == "weights"
+        assert [s1 - s0 for s0, s1, _, _ in plan.groups_of_tiles] == groups
+        assert [i1 - i0 for i0, i1 in plan.group_items] == [blocks * i for i in items]
+        with convgrad.config(algo="winograd"):
+            got = convgrad.conv_data_grad(w, dy, x.shape, **attrs(case))
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < winograd.ERROR_BOUND
+    kernels.clear_choices()
 
 
 @pytest.mark.parametrize("op", ["fwd", "dgrad"])

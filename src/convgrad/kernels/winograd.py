@@ -82,8 +82,14 @@ WHOLE_CHUNK_L2 = 0.625
 # 0.80-1.04 -> 0.43-0.58 core-ms, GEMMs level.  On a 2 MiB L2 res4 takes whole-channel
 # chunks (1.18 MB), and 128 tiles would need 2.03 MB: it keeps the 64-tile items it was
 # measured with.
+# DeepLab d6's F(6, 3) data gradient (64 points: 8 KB of products a tile and a 32-channel
+# block) takes 1.2 (0.92 had cut its two groups of 72 tiles into items of 36, each
+# transforming its block's weights again; 1.2 lets an item hold 84): Zen 5, 2 threads,
+# in-process A/B against groups of 128 + 16 tiles in items of 64 + 64 + 16 (three
+# weight transforms a block, not two): 1.03x after the pause, 1.08x hot; res4 (128
+# tiles, one item either way) and res5 (32) unchanged.
 WEIGHTS_ITEM_TILES = 64
-WEIGHTS_ITEM_L2 = 0.92
+WEIGHTS_ITEM_L2 = 1.2
 # A correlation's work items: a task each, taken from the pool's shared counter (ITEM_TASKS;
 # False: 4 ranges of consecutive items a thread, as before 2026-11-27).  DeepLab's 44
 # items in 8 ranges of 5 or 6 left a thread idle for up to an item at the end, U-Net's
@@ -482,8 +488,11 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
             planes = max(1, min(depth, (shared_v // (4 * na * per_plane * G * cpad)) - kd + 1))
             spans = [(0, per_plane, d0, min(depth, d0 + planes)) for d0 in range(0, depth, planes)]
         else:
-            spans = [(s0, min(per_plane, s0 + tiles_fit), d0, d0 + 1)
-                     for d0 in range(depth) for s0 in range(0, per_plane, tiles_fit)]
+            # groups of near-equal tiles: a short last group would transform every
+            # block's weights again for a few tiles (DeepLab's F(6, 3): 128 + 16)
+            k = -(-per_plane // tiles_fit)
+            spans = [(per_plane * i // k, per_plane * (i + 1) // k, d0, d0 + 1)
+                     for d0 in range(depth) for i in range(k)]
         for s0, s1, d0, d1 in spans:
             groups_of_tiles.append((s0, s1, d0, d1))
             v_floats.append(na * _spread((s1 - s0) * (d1 - d0 + kd - 1) * G * -(-cpad // kc) * kc))
