@@ -214,7 +214,11 @@ def test_data_gradient_of_groups_of_tiles_with_unequal_items(rng, monkeypatch):
                                   winograd._budgets())
         assert plan.regime == "weights"
         assert [s1 - s0 for s0, s1, _, _ in plan.groups_of_tiles] == groups
-        assert [i1 - i0 for i0, i1 in plan.group_items] == [blocks * i for i in items]
+        counts = [i1 - i0 for i0, i1 in plan.group_items]
+        if budget or native.l2_bytes() >= 2**20:    # (items of 72 tiles fit 1.2 MiB)
+            assert counts == [blocks * i for i in items]
+        else:
+            assert len(set(counts)) == 1
         with convgrad.config(algo="winograd"):
             got = convgrad.conv_data_grad(w, dy, x.shape, **attrs(case))
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < winograd.ERROR_BOUND
