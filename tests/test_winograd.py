@@ -186,14 +186,14 @@ def test_every_work_decomposition_agrees(rng, monkeypatch):
 
 
 def test_data_gradient_of_groups_of_tiles_with_unequal_items(rng, monkeypatch):
-    """A data gradient whose transformed weights outgrow SHARED_U_BYTES, and whose tiles
-    a plane do not fit one group of transformed input: with the default budgets two
-    groups of 72 of its 144 F(6, 3) tiles (not 128 + 16: a short last group transformed
-    the weights again for a few tiles), an item each per output block; with a group
-    budget of 30 tiles and items of 28, groups of 28 and 29 tiles -- one item and two
-    per output block (it once ran the second group's items from the first's count:
-    wrong sums or a crash, 2026-11-27).  Both equal to the direct kernels
-    (precision="highest"; checked against the reference elsewhere)."""
+    """A data gradient whose transformed weights outgrow SHARED_U_BYTES: with the default
+    budgets its 144 F(6, 3) tiles a plane are one group and one item per output block
+    (each block's weights transformed once); with 8 MiB of transformed input, two
+    groups of 72 (not 128 + 16: a short last group transformed the weights again for a
+    few tiles); with a group budget of 30 tiles and items of 28, groups of 28 and 29
+    tiles -- one item and two per output block (it once ran the second group's items
+    from the first's count: wrong sums or a crash, 2026-11-27).  All equal to the direct
+    kernels (precision="highest"; checked against the reference elsewhere)."""
     case = geometry(2, n=4, c=256, o=256, size=(33, 33))
     geom = make_geometry("t", **case)
     eng = native.engine()
@@ -203,19 +203,21 @@ def test_data_gradient_of_groups_of_tiles_with_unequal_items(rng, monkeypatch):
         want = convgrad.conv_data_grad(w, dy, x.shape, **attrs(case))
     blocks = -(-256 // (eng.vl * winograd.corr_plan(
         geom, "dgrad", eng.vl, winograd._mr_of(eng), 6, winograd._budgets()).nv))
-    for budget, item_tiles, groups, items in ((None, None, [72, 72], [1, 1]),
+    for budget, item_tiles, groups, items in ((None, None, [144], [1]),
+                                              (128, None, [72, 72], [1, 1]),
                                               (30, 28, [28, 29, 29, 29, 29], [1, 2, 2, 2, 2])):
         if budget:
             monkeypatch.setattr(winograd, "SHARED_V_BYTES", budget * 4 * 64 * 256)
+        if item_tiles:
             monkeypatch.setattr(winograd, "WEIGHTS_ITEM_TILES", item_tiles)
             monkeypatch.setattr(winograd, "WEIGHTS_ITEM_L2", 0)
-            kernels.clear_choices()
+        kernels.clear_choices()
         plan = winograd.corr_plan(geom, "dgrad", eng.vl, winograd._mr_of(eng), 6,
                                   winograd._budgets())
         assert plan.regime == "weights"
         assert [s1 - s0 for s0, s1, _, _ in plan.groups_of_tiles] == groups
         counts = [i1 - i0 for i0, i1 in plan.group_items]
-        if budget or native.l2_bytes() >= 2**20:    # (items of 72 tiles fit 1.2 MiB)
+        if item_tiles or native.l2_bytes() >= 2**20:    # (144 tiles fit 1.8 MiB)
             assert counts == [blocks * i for i in items]
         else:
             assert len(set(counts)) == 1

@@ -58,8 +58,10 @@ LARGE_U_ITEM_TILES = 192
 # "weights", where the transformed input is shared instead).
 SHARED_U_BYTES = 8 * 2**20
 # The shared transformed input of regime "weights", at most (more tiles: several
-# groups of tiles, the weights transformed once per group).
-SHARED_V_BYTES = 8 * 2**20
+# groups of tiles, the weights transformed once per group).  10 MiB (8 until
+# 2026-11-27): DeepLab d6's F(6, 3) data gradient (144 tiles a plane, 9.4 MB) in one
+# group (below, WEIGHTS_ITEM_L2).
+SHARED_V_BYTES = 10 * 2**20
 # Output planes (3-D) an item of regime "tiles" covers: its input planes are transformed
 # once for all of them (the depth taps' reach is transformed again by the next item).
 ITEM_PLANES = 4
@@ -83,13 +85,16 @@ WHOLE_CHUNK_L2 = 0.625
 # chunks (1.18 MB), and 128 tiles would need 2.03 MB: it keeps the 64-tile items it was
 # measured with.
 # DeepLab d6's F(6, 3) data gradient (64 points: 8 KB of products a tile and a 32-channel
-# block) takes 1.2 (0.92 had cut its two groups of 72 tiles into items of 36, each
-# transforming its block's weights again; 1.2 lets an item hold 84): Zen 5, 2 threads,
-# in-process A/B against groups of 128 + 16 tiles in items of 64 + 64 + 16 (three
-# weight transforms a block, not two): 1.03x after the pause, 1.08x hot; res4 (128
-# tiles, one item either way) and res5 (32) unchanged.
+# block) takes 1.8: its 144 tiles one item per output block, each block's weights
+# transformed once, its products (1.2 MB) and chunk of weights (0.5 MB) spilling from
+# the L2.  Zen 5, 2 threads, in-process A/B: against groups of 128 + 16 tiles in items
+# of 64 + 64 + 16 (0.92, 8 MiB of V: three weight transforms a block) two groups of 72
+# in an item each (1.2) were 1.03x after the pause, 1.08x hot; one group in one item
+# (1.8, 10 MiB) against that 1.06x / 1.06x (NCX 1.02x).  res4 at N = 32 (512 tiles: 2
+# groups of 256 in an item each, not 3 of 171) level (0.98x / 1.03x); the suite's res4
+# (128 tiles) and res5 (32) plan as before.
 WEIGHTS_ITEM_TILES = 64
-WEIGHTS_ITEM_L2 = 1.2
+WEIGHTS_ITEM_L2 = 1.8
 # A correlation's work items: a task each, taken from the pool's shared counter (ITEM_TASKS;
 # False: 4 ranges of consecutive items a thread, as before 2026-11-27).  DeepLab's 44
 # items in 8 ranges of 5 or 6 left a thread idle for up to an item at the end, U-Net's
