@@ -75,6 +75,11 @@ void cg_pool_probe(int64_t* counts, int64_t i, int64_t spin, int64_t* where, cha
 // (-1: none did), [1] tasks the workers ran, [2] tasks in all.
 void cg_pool_last(int64_t* out);
 
+// Worker 0's record of cg_pool_wake (tests: its run time depends on the scheduler, this
+// does not): [0] wake requests it spun for, [1] ns from the last of them until it went
+// back to sleep (-1: not yet).
+void cg_pool_wake_record(int64_t* out);
+
 }  // extern "C"
 
 namespace {
@@ -135,6 +140,9 @@ struct Pool {
     uint64_t wakes = 0;
     int64_t wake_helpers = 0;
     std::chrono::steady_clock::time_point wake_until{};
+    // worker 0's record (cg_pool_wake_record; under m)
+    uint64_t spun_for = 0;
+    int64_t spun = 0, slept_after_ns = -1;
 
     int64_t take(int64_t tid) {
         char* s = scratch ? scratch + tid * scratch_bytes : nullptr;
@@ -161,8 +169,16 @@ struct Pool {
                     // asked to spin by cg_pool_wake: until its time is up
                     if (index < wake_helpers && wake_until > std::chrono::steady_clock::now()) {
                         spin_until = wake_until;
+                        if (index == 0 && spun_for != wakes) {
+                            spun_for = wakes;
+                            spun++;
+                            slept_after_ns = -1;
+                        }
                         continue;
                     }
+                    if (index == 0 && spun_for == wakes && wakes > 0 && slept_after_ns < 0)
+                        slept_after_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now() - (wake_until - WAKE_SPIN)).count();
                     const uint64_t w0 = wakes;
                     cv.wait(lk, [&] {
                         return (state.load(std::memory_order_acquire) >> 8) != seen ||
@@ -313,6 +329,16 @@ void cg_pool_last(int64_t* out) {
     out[0] = p ? p->first_ns.load() : -1;
     out[1] = p ? p->by_workers.load() : 0;
     out[2] = p ? p->n : 0;
+}
+
+void cg_pool_wake_record(int64_t* out) {
+    Pool* p = pool_.load();
+    if (p == nullptr) {
+        out[0] = 0, out[1] = -1;
+        return;
+    }
+    std::lock_guard<std::mutex> lk(p->m);
+    out[0] = p->spun, out[1] = p->slept_after_ns;
 }
 
 int64_t cg_pool_worker_tid(int64_t i) {
