@@ -724,6 +724,38 @@ def test_channels_first_results_stream_into_recycled_memory(isa, rng, monkeypatc
         assert_close(got[0][1], want[2], np.float32)
 
 
+@pytest.mark.parametrize("isa", native.info()["loaded"])
+def test_channels_last_results_stream_into_recycled_memory(isa, rng, monkeypatch):
+    """A float32 channels-last Winograd result in recycled memory (64-byte aligned pixels)
+    takes streaming stores for its output transform's whole vectors: the same bits as
+    plain stores (engine debug bit 2048), equal to the reference, with F(6, 3) and
+    F(4, 3) tiles, edge tiles included; 24 channels (96-byte pixels) keep plain
+    stores."""
+    from convgrad.kernels import _results
+    decided = recycled_results_and_decisions(monkeypatch, _results, "streams")
+    for c, size, stream in ((32, (17, 23), True), (32, (14, 20), True), (24, (17, 23), False)):
+        case = geometry(2, n=2, c=c, o=24, size=size)
+        x, w, dy = make_arrays(case, rng, np.float32, True)
+        want = reference_results(case, x, w, dy)
+        _results.clear()
+        decided.clear()
+        got = {}
+        with convgrad.config(isa=isa, algo="winograd"):
+            lib = native.engine().lib
+            try:
+                for bit in (0, 2048, 0):
+                    lib.cg_engine_set_dbg(bit)
+                    out = convgrad.conv_data_grad(w, dy, x.shape, **attrs(case))
+                    got.setdefault(bit, []).append(out.copy())
+                    del out                     # (its memory back to the pool)
+            finally:
+                lib.cg_engine_set_dbg(0)
+        assert decided == [False, stream, stream]
+        for out in got[0] + got[2048]:
+            np.testing.assert_array_equal(out, got[0][0])
+        assert_close(got[0][1], want[2], np.float32)
+
+
 def test_small_images_take_the_smaller_tile():
     """4x4 tiles on a 2x2 image compute 16 outputs for 4 (36 products against 16 for a
     2x2 tile); on 6x6, 4 tiles of 4x4 multiply as much as 9 of 2x2 (144 products), 4 of

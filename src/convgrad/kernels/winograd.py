@@ -599,7 +599,7 @@ def _problem(plan: CorrPlan, inp: np.ndarray, w: np.ndarray, out: np.ndarray, U,
                  _tile_geom(plan), U.ctypes.data if U is not None else None,
                  w3.ctypes.data, native.DTYPE_CODES[w3.dtype], w3.strides[0] // es, wsa, wsb,
                  og * so, int(plan.flip), plan.cpad, plan.nv, None, 0, 0, 0, 0,
-                 plan.items.ctypes.data, bad.ctypes.data, int(_results.streams_channels(out)),
+                 plan.items.ctypes.data, bad.ctypes.data, int(native._streams(out)),
                  plan.kc)
 
 
@@ -711,7 +711,7 @@ def _bind_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
     U = scratch("winograd-U", (u_floats,), np.float32, zero=False) if tiles else None
     prob = _problem(plan, inp, w, out, U, bad)
     pp = ctypes.addressof(prob)
-    thread_scratch, streams, address = (_pool.thread_scratch, _results.streams_channels,
+    thread_scratch, streams, address = (_pool.thread_scratch, native._streams,
                                          _bound.address)
 
     def items(first, count):

@@ -430,9 +430,11 @@ struct WinoProblem {
                                // column), first and end output plane, first and end block k
     uint8_t* bad;              // per output line (n, d, h): set when one of its outputs is
                                // not finite (recomputed by the direct kernels: D17)
-    int64_t stream;            // a float32 channels-first result in recycled memory, 64-byte
-                               // aligned channel rows: whole cache lines of a channel's run
-                               // go out with streaming stores (native.py: _results.streams)
+    int64_t stream;            // a float32 result in recycled memory, 64-byte aligned
+                               // channel rows (channels-first: whole cache lines of a
+                               // channel's run go out with streaming stores) or pixels
+                               // (channels-last: whole vectors of the output transform)
+                               // (_results.streams_channels, _results.streams)
     int64_t wchunk;            // regime "weights": the input channels whose weights an item
                                // transforms at a time (and the shared V's chunks of them)
 };
@@ -736,7 +738,9 @@ void input_tile(const Source& S, const TileGeom& T, const Lines& L, int64_t n, i
 // Output transform of one tile: M + a*mstride (NB columns) -> the tile's pixel (i, j) at
 // o + i*sh + j*sw (channels contiguous), columns [0, nvalid), outputs [0, nh) x [0, nw)
 // of the tile.  Returns the sum of every output (not finite if one of them is not).
-template <int M, int AX>
+// NT: whole vectors at vector-aligned addresses go out with streaming stores (each
+// fills a cache line, or half of one on AVX2, and skips reading it first).
+template <int M, int AX, bool NT = false>
 vf output_tile(const float* Mt, int64_t mstride, float* o, int64_t sh, int64_t sw, int nh,
                int nw, int nvalid) {
     constexpr int A = F3<M>::A;
@@ -775,9 +779,13 @@ vf output_tile(const float* Mt, int64_t mstride, float* o, int64_t sh, int64_t s
             vf y[M];
             F3<M>::out(&tmp[i][0], 1, y, 1);
             if (full && nc == VL) {
+                // (every pixel's vector aligned: the base and both strides)
+                const bool nt = NT && (((uintptr_t)ov | (uintptr_t)((sh | sw) * sizeof(float))) &
+                                       (VL * sizeof(float) - 1)) == 0;
 #pragma GCC unroll 4
                 for (int j = 0; j < M; j++) {
-                    store(ov + i * sh + j * sw, y[j]);
+                    if (nt) stream_store(ov + i * sh + j * sw, y[j]);
+                    else store(ov + i * sh + j * sw, y[j]);
                     sum += y[j];
                 }
             } else if (i < nh) {
@@ -1068,6 +1076,9 @@ void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
     const wgemm_fn* fns = wgemm_table(nv);
     const wgemm_fn* fns_acc = wgemm_table(nv, true);
     const bool dout = direct_out(P);
+    // a channels-last float32 result in recycled memory, 64-byte aligned pixels (the
+    // caller checked: _results.streams): its tiles' whole vectors stream
+    const bool stream_out = dout && P->stream && !(cg_engine_dbg & 2048);
     Lines L;
     for (int64_t it = lo; it < hi; it++) {
         const int64_t* item = P->items + 6 * it;
@@ -1179,8 +1190,11 @@ void run_items(const WinoProblem* P, int64_t lo, int64_t hi, float* scratch) {
                         sh = M * sw;
                         o = obuf + (s - s0) * MH * sh + ch0;
                     }
-                    const vf sum = output_tile<M, AX>(Mb + (s - s0) * NB, mstride, o, sh, sw,
-                                                      nh, nw, nvalid);
+                    const float* Mt = Mb + (s - s0) * NB;
+                    const vf sum =
+                        stream_out
+                            ? output_tile<M, AX, true>(Mt, mstride, o, sh, sw, nh, nw, nvalid)
+                            : output_tile<M, AX>(Mt, mstride, o, sh, sw, nh, nw, nvalid);
                     if (!finite_all(sum)) {
                         for (int i = 0; i < nh; i++)
                             __atomic_store_n(P->bad + (t.n * P->Lout[0] + d) * P->Lout[1] +
