@@ -227,6 +227,31 @@ def test_data_gradient_of_groups_of_tiles_with_unequal_items(rng, monkeypatch):
     kernels.clear_choices()
 
 
+def test_buffered_results_keep_smaller_weights_items():
+    """A result that goes through the items' buffers (channels-first or 16-bit: 36 x
+    channels floats a tile) keeps the weights regime's items within
+    WEIGHTS_ITEM_L2_BUFFERED of the L2: DeepLab's F(6, 3) data gradient in items of 72
+    tiles (two a block), not 144, and a declared workspace that much smaller; a
+    channels-last float32 result takes the 144."""
+    geom = make_geometry("t", **geometry(2, n=4, c=256, o=256, size=33, d=6, pb=6, pe=6))
+    eng = native.engine()
+    plans = {b: winograd.corr_plan(geom, "dgrad", eng.vl, winograd._mr_of(eng), 6,
+                                   winograd._budgets(), False, b) for b in (False, True)}
+    assert [p.groups_of_tiles for p in plans.values()] == [((0, 144, 0, 1),)] * 2
+    if native.l2_bytes() >= 2**20:                  # (144 tiles fit 1.8x, 72 1.2x the L2)
+        assert len(plans[True].items) == 2 * len(plans[False].items)
+        assert {int(b - a) for a, b in plans[True].items[:, :2]} == {72}
+    plain = winograd.workspace(geom, "dgrad", packed_in=False, buffered_out=False)
+    buffered = winograd.workspace(geom, "dgrad", packed_in=False, buffered_out=True)
+    if native.l2_bytes() >= 2**20:
+        # the buffers of 72 tiles (2.7 MB a thread), not 144 (5.3 MB)
+        extra = buffered["per-thread scratch"] - plain["per-thread scratch"]
+        assert extra <= native._threads(geom.flops) * 72 * 36 * 256 * 4 * 1.01
+    c = np.zeros((2, 3), np.float32)
+    assert winograd._buffered(c.astype(np.float16)) and not winograd._buffered(c)
+    assert winograd._buffered(np.zeros((3, 2), np.float32).T)
+
+
 @pytest.mark.parametrize("op", ["fwd", "dgrad"])
 @pytest.mark.parametrize("dims", [dict(r=2, n=3, c=40, o=36, size=(30, 27)),
                                   dict(r=3, n=1, c=20, o=24, size=(10, 9, 11)),

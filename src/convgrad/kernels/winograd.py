@@ -95,6 +95,12 @@ WHOLE_CHUNK_L2 = 0.625
 # (128 tiles) and res5 (32) plan as before.
 WEIGHTS_ITEM_TILES = 64
 WEIGHTS_ITEM_L2 = 1.8
+# ... but 1.2 for a buffered result (channels-first or 16-bit: an item buffers all its
+# tiles' outputs, 36 x channels floats a tile): DeepLab's NCX data gradient, in-process
+# A/Bs of items of 144 tiles against 72, measured 1.02x, 0.96x and 1.07x after the pause
+# and 1.05x hot, while their buffers took 5.3 MB a thread instead of 2.7 (its declared
+# workspace 23.5 MB instead of 17; 7.6 with F(3, 3) before 2026-11-27).
+WEIGHTS_ITEM_L2_BUFFERED = 1.2
 # A correlation's work items: a task each, taken from the pool's shared counter (ITEM_TASKS;
 # False: 4 ranges of consecutive items a thread, as before 2026-11-27).  DeepLab's 44
 # items in 8 ranges of 5 or 6 left a thread idle for up to an item at the end, U-Net's
@@ -451,11 +457,14 @@ def _corr_geometry(geom: ConvGeometry, kind: str):
 
 @functools.lru_cache(maxsize=256)
 def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
-              budgets: tuple, converted: bool = False) -> CorrPlan:
+              budgets: tuple, converted: bool = False, buffered: bool = False) -> CorrPlan:
     """The work decomposition of a Winograd forward / data gradient (pure, cached);
-    ``converted``: its input is converted line by line (:func:`_converted`)."""
+    ``converted``: its input is converted line by line (:func:`_converted`);
+    ``buffered``: its result goes through the items' buffers (:func:`_buffered`)."""
     (item_v_bytes, item_tiles, shared_u, shared_v, item_planes, weights_tiles, half_l2,
-     large_u_tiles, whole_chunk, weights_l2) = budgets
+     large_u_tiles, whole_chunk, weights_l2, weights_l2_buffered) = budgets
+    if buffered:
+        weights_l2 = min(weights_l2, weights_l2_buffered)
     ax = axes(geom)
     lin, lout, cin, cout, dil, off = _corr_geometry(geom, kind)
     G = geom.groups
@@ -561,7 +570,14 @@ def _budgets() -> tuple:
     w = settings.workspace_bytes()
     return (ITEM_V_BYTES, ITEM_TILES, min(SHARED_U_BYTES, w // 4), min(SHARED_V_BYTES, w // 4),
             ITEM_PLANES, WEIGHTS_ITEM_TILES, native.l2_bytes() // 2, LARGE_U_ITEM_TILES,
-            int(native.l2_bytes() * WHOLE_CHUNK_L2), int(native.l2_bytes() * WEIGHTS_ITEM_L2))
+            int(native.l2_bytes() * WHOLE_CHUNK_L2), int(native.l2_bytes() * WEIGHTS_ITEM_L2),
+            int(native.l2_bytes() * WEIGHTS_ITEM_L2_BUFFERED))
+
+
+def _buffered(out: np.ndarray) -> bool:
+    """Whether a correlation's result goes through its items' buffers (winograd.cpp:
+    direct_out): channels not innermost, or not float32."""
+    return out.dtype != np.float32 or out.strides[-1] != out.itemsize
 
 
 def _converted(a: np.ndarray, isa: str) -> bool:
@@ -636,7 +652,7 @@ def _run_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
     threads = native._threads(geom.flops)
     m = tile_size(geom, kind)
     plan = corr_plan(geom, kind, eng.vl, eng.mr_of_wino if hasattr(eng, "mr_of_wino") else
-                     _mr_of(eng), m, _budgets(), _converted(inp, eng.isa))
+                     _mr_of(eng), m, _budgets(), _converted(inp, eng.isa), _buffered(out))
     lines = out.shape[0] * math.prod(plan.lout[:2])
     bad = scratch("winograd-bad", (lines,), np.uint8, zero=True)
     nblk = len(plan.items) and int(plan.items[0, 5] if plan.regime == "tiles" else
@@ -699,7 +715,7 @@ def _bind_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
     threads = native._threads(geom.flops)
     m = tile_size(geom, kind)
     plan = corr_plan(geom, kind, eng.vl, eng.mr_of_wino if hasattr(eng, "mr_of_wino") else
-                     _mr_of(eng), m, _budgets(), _converted(inp, eng.isa))
+                     _mr_of(eng), m, _budgets(), _converted(inp, eng.isa), _buffered(out))
     if not len(plan.items):
         return None
     if native._weights_2d(w).ctypes.data != w.ctypes.data:
@@ -952,7 +968,7 @@ def _workspace(geom: ConvGeometry, op: str, packed_in: bool, buffered_out: bool,
     # -- and take the plan of an unconverted one: the larger of the two)
     per = 0
     for converted in sorted({packed_in, False}):
-        plan = corr_plan(geom, op, eng.vl, _mr_of(eng), m, budgets, converted)
+        plan = corr_plan(geom, op, eng.vl, _mr_of(eng), m, budgets, converted, buffered_out)
         out = _dummy_source(plan.lout, plan.cout, False)
         prob = _Wino(_dummy_source(plan.lin, plan.cin, packed_in), None, out.t.stride,
                      1 if buffered_out else 0, (_I64 * 3)(*plan.lout), plan.cout, plan.groups,
