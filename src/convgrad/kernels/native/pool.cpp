@@ -76,8 +76,9 @@ void cg_pool_probe(int64_t* counts, int64_t i, int64_t spin, int64_t* where, cha
 void cg_pool_last(int64_t* out);
 
 // Worker 0's record of cg_pool_wake (tests: its run time depends on the scheduler, this
-// does not): [0] wake requests it spun for, [1] ns from the last of them until it went
-// back to sleep (-1: not yet).
+// does not): [0] wake requests that woke it, [1] ns from the last of them until it went
+// back to sleep (-1: not yet) -- at least WAKE_SPIN, whether it spun that long or, given
+// a CPU only later, found its time up.
 void cg_pool_wake_record(int64_t* out);
 
 }  // extern "C"
@@ -141,8 +142,8 @@ struct Pool {
     int64_t wake_helpers = 0;
     std::chrono::steady_clock::time_point wake_until{};
     // worker 0's record (cg_pool_wake_record; under m)
-    uint64_t spun_for = 0;
-    int64_t spun = 0, slept_after_ns = -1;
+    uint64_t woken_for = 0;
+    int64_t woken = 0, slept_after_ns = -1;
 
     int64_t take(int64_t tid) {
         char* s = scratch ? scratch + tid * scratch_bytes : nullptr;
@@ -169,14 +170,9 @@ struct Pool {
                     // asked to spin by cg_pool_wake: until its time is up
                     if (index < wake_helpers && wake_until > std::chrono::steady_clock::now()) {
                         spin_until = wake_until;
-                        if (index == 0 && spun_for != wakes) {
-                            spun_for = wakes;
-                            spun++;
-                            slept_after_ns = -1;
-                        }
                         continue;
                     }
-                    if (index == 0 && spun_for == wakes && wakes > 0 && slept_after_ns < 0)
+                    if (index == 0 && woken_for == wakes && wakes > 0 && slept_after_ns < 0)
                         slept_after_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                             std::chrono::steady_clock::now() - (wake_until - WAKE_SPIN)).count();
                     const uint64_t w0 = wakes;
@@ -184,6 +180,11 @@ struct Pool {
                         return (state.load(std::memory_order_acquire) >> 8) != seen ||
                                wakes != w0;
                     });
+                    if (index == 0 && wakes != w0) {
+                        woken_for = wakes;
+                        woken++;
+                        slept_after_ns = -1;
+                    }
                 }
             }
             seen = s >> 8;
@@ -338,7 +339,7 @@ void cg_pool_wake_record(int64_t* out) {
         return;
     }
     std::lock_guard<std::mutex> lk(p->m);
-    out[0] = p->spun, out[1] = p->slept_after_ns;
+    out[0] = p->woken, out[1] = p->slept_after_ns;
 }
 
 int64_t cg_pool_worker_tid(int64_t i) {
