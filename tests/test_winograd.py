@@ -718,6 +718,33 @@ def test_channels_first_lines_transposed_in_place(isa, size, c, rng):
     _same_bits_with_debug_bit(isa, 1024, case, x, w, dy)
 
 
+def _streamed_like_plain(isa, case, rng, channels_last, decided, stream):
+    """Three data gradients of ``case`` on build ``isa`` into pool memory (the first
+    fresh, the others recycled), streaming allowed, off (engine debug bit 2048), allowed:
+    the result's decisions (``decided``, recorded by recycled_results_and_decisions) are
+    [False, stream, stream], every result has the same bits, equal to the reference."""
+    from convgrad.kernels import _results
+    x, w, dy = make_arrays(case, rng, np.float32, channels_last)
+    want = reference_results(case, x, w, dy)
+    _results.clear()
+    decided.clear()
+    got = {}
+    with convgrad.config(isa=isa, algo="winograd"):
+        lib = native.engine().lib
+        try:
+            for bit in (0, 2048, 0):
+                lib.cg_engine_set_dbg(bit)
+                out = convgrad.conv_data_grad(w, dy, x.shape, **attrs(case))
+                got.setdefault(bit, []).append(out.copy())
+                del out                     # (its memory back to the pool)
+        finally:
+            lib.cg_engine_set_dbg(0)
+    assert decided == [False, stream, stream]
+    for out in got[0] + got[2048]:
+        np.testing.assert_array_equal(out, got[0][0])
+    assert_close(got[0][1], want[2], np.float32)
+
+
 @pytest.mark.parametrize("isa", native.info()["loaded"])
 def test_channels_first_results_stream_into_recycled_memory(isa, rng, monkeypatch):
     """A float32 channels-first Winograd result in recycled memory (64-byte aligned channel
@@ -728,25 +755,7 @@ def test_channels_first_results_stream_into_recycled_memory(isa, rng, monkeypatc
     decided = recycled_results_and_decisions(monkeypatch, _results, "streams_channels")
     for size, stream in ((128, True), (100, False)):        # 100 floats: rows not aligned
         case = geometry(1, n=2, c=24, o=16, size=size)
-        x, w, dy = make_arrays(case, rng, np.float32, False)
-        want = reference_results(case, x, w, dy)
-        _results.clear()
-        decided.clear()
-        got = {}
-        with convgrad.config(isa=isa, algo="winograd"):
-            lib = native.engine().lib
-            try:
-                for bit in (0, 2048, 0):
-                    lib.cg_engine_set_dbg(bit)
-                    out = convgrad.conv_data_grad(w, dy, x.shape, **attrs(case))
-                    got.setdefault(bit, []).append(out.copy())
-                    del out                     # (its memory back to the pool)
-            finally:
-                lib.cg_engine_set_dbg(0)
-        assert decided == [False, stream, stream]
-        for out in got[0] + got[2048]:
-            np.testing.assert_array_equal(out, got[0][0])
-        assert_close(got[0][1], want[2], np.float32)
+        _streamed_like_plain(isa, case, rng, False, decided, stream)
 
 
 @pytest.mark.parametrize("isa", native.info()["loaded"])
@@ -760,25 +769,7 @@ def test_channels_last_results_stream_into_recycled_memory(isa, rng, monkeypatch
     decided = recycled_results_and_decisions(monkeypatch, _results, "streams")
     for c, size, stream in ((32, (17, 23), True), (32, (14, 20), True), (24, (17, 23), False)):
         case = geometry(2, n=2, c=c, o=24, size=size)
-        x, w, dy = make_arrays(case, rng, np.float32, True)
-        want = reference_results(case, x, w, dy)
-        _results.clear()
-        decided.clear()
-        got = {}
-        with convgrad.config(isa=isa, algo="winograd"):
-            lib = native.engine().lib
-            try:
-                for bit in (0, 2048, 0):
-                    lib.cg_engine_set_dbg(bit)
-                    out = convgrad.conv_data_grad(w, dy, x.shape, **attrs(case))
-                    got.setdefault(bit, []).append(out.copy())
-                    del out                     # (its memory back to the pool)
-            finally:
-                lib.cg_engine_set_dbg(0)
-        assert decided == [False, stream, stream]
-        for out in got[0] + got[2048]:
-            np.testing.assert_array_equal(out, got[0][0])
-        assert_close(got[0][1], want[2], np.float32)
+        _streamed_like_plain(isa, case, rng, True, decided, stream)
 
 
 def test_small_images_take_the_smaller_tile():
