@@ -504,9 +504,8 @@ def corr_plan(geom: ConvGeometry, kind: str, vl: int, mr_of: tuple, m: int,
         else:
             # groups of near-equal tiles: a short last group would transform every
             # block's weights again for a few tiles (DeepLab's F(6, 3): 128 + 16)
-            k = -(-per_plane // tiles_fit)
-            spans = [(per_plane * i // k, per_plane * (i + 1) // k, d0, d0 + 1)
-                     for d0 in range(depth) for i in range(k)]
+            spans = [(s0, s1, d0, d0 + 1) for d0 in range(depth)
+                     for s0, s1 in _pool.split(per_plane, -(-per_plane // tiles_fit))]
         for s0, s1, d0, d1 in spans:
             groups_of_tiles.append((s0, s1, d0, d1))
             v_floats.append(na * _spread((s1 - s0) * (d1 - d0 + kd - 1) * G * -(-cpad // kc) * kc))
