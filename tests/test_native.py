@@ -873,16 +873,21 @@ def _check_channels_first_wgrad_kernel(case, isa, kernel, switch, rng, monkeypat
                                   "short-lines-3d", "dilated-strided", "all-padding-taps",
                                   "few-channels-folded", "few-channels-folded-1d",
                                   "weight-stationary", "lines-grouped-3d", "long-1d"])
-def test_channels_first_weight_gradient_kernel(isa, name, rng, monkeypatch):
-    """cg_cfw_run (float32 channels-first weight gradients of one group: x read in
-    place, dy transposed into panels): every rank, stride, dilation and padding (taps
-    that read only padding, at either end), few input channels, several panels a
-    sample, lines past one call's sum (CFW_SUM); against the reference and the kernel
-    it replaced, on every build, 1 and 3 threads bitwise equal."""
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("panel", [1, 1 << 15], ids=["line-panels", "panels"])
+def test_channels_first_weight_gradient_kernel(isa, name, dtype, panel, rng, monkeypatch):
+    """cg_cfw_run (channels-first weight gradients of one group: x read in place, or
+    its rows widened into a slab for 16-bit memory; dy transposed into panels): every
+    rank, stride, dilation and padding (taps that read only padding, at either end), few
+    input channels, one line or several a panel (a 16-bit slab's rows shared by the
+    taps of several lines, cut at the input's edges), lines past one call's sum
+    (CFW_SUM); against the reference and the kernel it replaced, on every build, 1 and 3
+    threads bitwise equal."""
     case = dict(STRUCTURAL_CF.get(name) or STRUCTURAL[name])
     monkeypatch.setattr(native, "PARTIALS_BYTES", 2**40)
-    monkeypatch.setattr(native, "CFW_PANEL_FLOATS", 1)          # one line a panel
-    _check_channels_first_wgrad_kernel(case, isa, "_cf_wgrad", "CF_WGRAD", rng, monkeypatch)
+    monkeypatch.setattr(native, "CFW_PANEL_FLOATS", panel)
+    _check_channels_first_wgrad_kernel(case, isa, "_cf_wgrad", "CF_WGRAD", rng, monkeypatch,
+                                       dtype)
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -77,9 +77,10 @@ CORR_L1_WEIGHT_BYTES = 0        # (measured no gain yet; see docs/kernels.md)
 # phases where the h phases have as many rows each (corr_plan)
 MERGE_W_PHASES = True
 MERGE_H_PHASES = True
-# float32 channels-first weight gradients of one group take cg_cfw_run (_cf_wgrad);
-# its dy panel: at most this many floats
+# channels-first weight gradients of one group take cg_cfw_run (_cf_wgrad), float16 /
+# bfloat16 ones too (CF_WGRAD_16BIT, 2026-11-27); its dy panel: at most this many floats
 CF_WGRAD = True
+CF_WGRAD_16BIT = True
 CFW_PANEL_FLOATS = 32 << 10
 # float32 pointwise weight gradients take cg_pw_run (_pointwise_wgrad), cut into at
 # least this many position ranges
@@ -195,7 +196,8 @@ class _Cfw(ctypes.Structure):
     _fields_ = [("x", ctypes.c_void_p), ("dy", ctypes.c_void_p), ("xs", _I64 * 4),
                 ("ys", _I64 * 4), ("N", _I64), ("C", _I64), ("O", _I64), ("L", _I64 * 3),
                 ("M", _I64 * 3), ("K", _I64 * 3), ("s", _I64 * 3), ("d", _I64 * 3),
-                ("pb", _I64 * 3), ("nv", _I64), ("lines", _I64), ("tasks", ctypes.c_void_p)]
+                ("pb", _I64 * 3), ("nv", _I64), ("lines", _I64), ("tasks", ctypes.c_void_p),
+                ("dtype", _I64)]
 
 
 class _Wgrad(ctypes.Structure):
@@ -524,14 +526,20 @@ def memory(call) -> dict[str, int]:
     data_ops = {"fwd": (call.a,), "dgrad": (call.b,), "wgrad": (call.a, call.b)}[call.op]
     g = call.geom
     if (call.op == "wgrad" and CF_WGRAD and g.groups == 1 and not _plain_pointwise(g)
-            and _cf_wgrad_fits(g)
-            and all(d.dtype == np.float32 and "nxc" not in d.layouts and "ncx" in d.layouts
-                    for d in data_ops)):
+            and _cf_wgrad_fits(g) and _cf_wgrad_layouts(call)):
         # _cf_wgrad: a dy panel per thread (at least one output line), no conversions
+        # (16-bit: a staging row of dy's block and the x rows of a panel's lines)
         eng = engine() if available() is None else None
         vl = eng.vl if eng else 8
         nb = _nv_for(g.o, vl) * vl
-        panel = max(CFW_PANEL_FLOATS, _pad3(g.out_sizes, 1)[2] * -(-g.o // nb) * nb) + 64
+        m3, l3 = _pad3(g.out_sizes, 1), _pad3(g.in_sizes, 1)
+        line = m3[2] * -(-g.o // nb) * nb                  # (a line of the panel)
+        panel = max(CFW_PANEL_FLOATS, line) + 64
+        lines = max(1, CFW_PANEL_FLOATS // line)
+        if call.a.dtype != np.float32:
+            k, st, dl = _pad3(g.kernel, 1)[1], _pad3(g.strides, 1)[1], _pad3(g.dilations, 1)[1]
+            rows = min(l3[1], (lines - 1) * st + (k - 1) * dl + 1)
+            panel += nb * m3[2] + 64 + g.c * rows * l3[2] + 64
         parts["per-thread scratch"] = _threads(g.flops) * panel * 4
         if call.out.dtype == np.float32 and _cf_oix(
                 g, "ncx" if call.out.layouts == frozenset({"ncx"}) else None):
@@ -1458,10 +1466,27 @@ def _pointwise_kernel_takes(dtype) -> bool:
     return POINTWISE_KERNEL and (dtype == np.float32 or (POINTWISE_16BIT and dtype in DTYPE_CODES))
 
 
-def _channels_first(a: np.ndarray) -> bool:
-    """An (N, *S, C) float32 view of channels-first memory: w contiguous, channels not."""
-    return (a.dtype == np.float32 and a.ndim >= 3 and a.strides[-2] == 4
-            and a.strides[-1] != 4 and a.shape[-2] > 1)
+def _channels_first(a: np.ndarray, dtypes=(np.float32,)) -> bool:
+    """An (N, *S, C) view of channels-first memory in one of ``dtypes``: w contiguous,
+    channels not."""
+    return (a.dtype in dtypes and a.ndim >= 3 and a.strides[-2] == a.itemsize
+            and a.strides[-1] != a.itemsize and a.shape[-2] > 1)
+
+
+def _cf_wgrad_takes(x: np.ndarray, dy: np.ndarray) -> bool:
+    """Whether x and dy are memory :func:`_cf_wgrad` reads: channels-first, one dtype
+    (float32, or float16 / bfloat16, widened in its scratch)."""
+    dtypes = DTYPE_CODES if CF_WGRAD_16BIT else (np.float32,)
+    return x.dtype == dy.dtype and all(_channels_first(a, dtypes) for a in (x, dy))
+
+
+def _cf_wgrad_layouts(call) -> bool:
+    """:func:`_cf_wgrad_takes` for a weight gradient's description (its inputs' dtypes
+    and possible layouts, no arrays)."""
+    dtypes = DTYPE_CODES if CF_WGRAD_16BIT else (np.float32,)
+    return call.a.dtype == call.b.dtype and all(
+        d.dtype in dtypes and "nxc" not in d.layouts and "ncx" in d.layouts
+        for d in (call.a, call.b))
 
 
 def _cf_wgrad_fits(geom: ConvGeometry) -> bool:
@@ -1495,7 +1520,7 @@ def _cf_wgrad(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, dw
     l3, m3 = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)
 
     def strides4(a):           # n, c, d, h (elements; leading spatial axes of size 1: 0)
-        st = [v // 4 for v in a.strides]
+        st = [v // a.itemsize for v in a.strides]
         return (st[0], st[-1], *([0] * (3 - r) + st[1:r + 1])[:2])
     nv = _nv_for(geom.o, eng.vl)
     nb = nv * eng.vl
@@ -1515,7 +1540,7 @@ def _cf_wgrad(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, dw
     prob = _Cfw(x.ctypes.data, dy.ctypes.data, (_I64 * 4)(*strides4(x)),
                 (_I64 * 4)(*strides4(dy)), geom.n, geom.c, geom.o, (_I64 * 3)(*l3),
                 (_I64 * 3)(*m3), (_I64 * 3)(*k3), (_I64 * 3)(*s3), (_I64 * 3)(*d3),
-                (_I64 * 3)(*p3), nv, panel_lines, table.ctypes.data)
+                (_I64 * 3)(*p3), nv, panel_lines, table.ctypes.data, DTYPE_CODES[x.dtype])
     pp = ctypes.addressof(prob)
     n = min(threads, len(tasks))
     buf, per_thread = _pool.thread_scratch("native-pack", int(eng.lib.cg_cfw_scratch(pp)), n)
@@ -1552,7 +1577,7 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout=None,
     # (the kernels' tasks zero the parts they add into, in parallel, just before: a
     # separate zeroing pass over a 9.4 MB gradient took 3 ms after the benchmark's pause)
     threads = _threads(geom.flops)
-    if (CF_WGRAD and G == 1 and _channels_first(x) and _channels_first(dy)
+    if (CF_WGRAD and G == 1 and _cf_wgrad_takes(x, dy)
             and not (_plain_pointwise(geom) and POINTWISE_KERNEL) and _cf_wgrad_fits(geom)):
         if _cf_oix(geom, result_layout):
             oix = _results.empty((geom.o, cg, *geom.kernel), np.float32)
@@ -1625,9 +1650,8 @@ def _part_bytes(call) -> tuple[int, bool]:
     g = call.geom
     if available() is not None:
         return 0, False
-    cf = all(d.dtype == np.float32 and "nxc" not in d.layouts and "ncx" in d.layouts
-             for d in (call.a, call.b))
-    if g.groups > 1 or (cf and CF_WGRAD and not _plain_pointwise(g) and _cf_wgrad_fits(g)):
+    if g.groups > 1 or (_cf_wgrad_layouts(call) and CF_WGRAD and not _plain_pointwise(g)
+                        and _cf_wgrad_fits(g)):
         return 0, False                             # (the channels-first kernel runs)
     in_place = all((d.dtype == np.float32 and "nxc" in d.layouts) or _small_wgrad_inputs(g)
                    for d in (call.a, call.b))
@@ -1736,7 +1760,7 @@ def _bind_cf_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, shape,
     l3, m3 = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)
 
     def strides4(a):
-        st = [v // 4 for v in a.strides]
+        st = [v // a.itemsize for v in a.strides]
         return (st[0], st[-1], *([0] * (3 - r) + st[1:r + 1])[:2])
     nv = _nv_for(geom.o, eng.vl)
     nob = -(-geom.o // (nv * eng.vl))
@@ -1750,7 +1774,7 @@ def _bind_cf_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, shape,
     prob = _Cfw(None, None, (_I64 * 4)(*strides4(x)), (_I64 * 4)(*strides4(dy)), geom.n,
                 geom.c, geom.o, (_I64 * 3)(*l3), (_I64 * 3)(*m3), (_I64 * 3)(*k3),
                 (_I64 * 3)(*s3), (_I64 * 3)(*d3), (_I64 * 3)(*p3), nv, panel_lines,
-                table.ctypes.data)
+                table.ctypes.data, DTYPE_CODES[x.dtype])
     pp = ctypes.addressof(prob)
     n = min(threads, len(cuts))
     need = int(lib.cg_cfw_scratch(pp))
@@ -1862,7 +1886,7 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout
     if math.prod(shape) == 0 or x.size == 0 or dy.size == 0:
         return None
     threads = _threads(geom.flops)
-    if (CF_WGRAD and G == 1 and _channels_first(x) and _channels_first(dy)
+    if (CF_WGRAD and G == 1 and _cf_wgrad_takes(x, dy)
             and not (_plain_pointwise(geom) and POINTWISE_KERNEL) and _cf_wgrad_fits(geom)):
         return _bind_cf_wgrad(x, dy, geom, shape, result_layout)
     geom0 = geom

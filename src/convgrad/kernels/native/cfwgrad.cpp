@@ -1,13 +1,18 @@
 // The weight gradient of channels-first callers, on their memory as it is.
 //
 // dw[t][c][o] = sum over the output positions p where tap t reads the input of
-// x[c][p*s + t*d - pb] * dy[o][p], for float32 NCX memory (each line's positions
-// contiguous), one group.  Per group of output lines (consecutive h of one (n, d)),
-// dy's rows are transposed (8 x 8) into an [o block][line][w][NB] panel that the GEMM
-// tile (tiles.h) streams from L2 as its vector operand; the broadcasts are x's channel
-// rows read in place, MR channels x the group's lines x the tap's valid positions
-// (stride s: every s-th float), in L1 while every block of o passes.  Taps never read
-// padding: each sums only the lines and positions where it reads the input (D17).
+// x[c][p*s + t*d - pb] * dy[o][p], for NCX memory (each line's positions contiguous),
+// one group.  Per group of output lines (consecutive h of one (n, d)), dy's rows are
+// transposed (8 x 8) into an [o block][line][w][NB] panel that the GEMM tile (tiles.h)
+// streams from L2 as its vector operand; the broadcasts are x's channel rows read in
+// place, MR channels x the group's lines x the tap's valid positions (stride s: every
+// s-th float), in L1 while every block of o passes.  Taps never read padding: each sums
+// only the lines and positions where it reads the input (D17).
+//
+// float16 / bfloat16 memory: dy's rows are widened into a staging row before their
+// transposition, and the x rows a group of lines reads at one depth (all channels, the
+// rows of its lines' taps) into a float32 slab that the broadcasts read instead; the
+// sums are the float32 kernel's on the widened values.
 //
 // The general kernel (engine.cpp: cg_wgrad_run) converts channels-first lines into
 // channels-last scratch first and reads x's converted rows as its broadcasts; the 1x1
@@ -38,8 +43,8 @@ extern "C" {
 // output lines [l0, l1) (numbered (n * Md + d) * Mh + h), output blocks [b0, b1),
 // address of the dw it adds into (the task zeroes its blocks of that dw first).
 struct CfwProblem {
-    const float* x;
-    const float* dy;
+    const void* x;             // float32, or float16 / bfloat16 (dtype)
+    const void* dy;
     int64_t xs[4];             // n, c, d, h
     int64_t ys[4];             // n, o, d, h
     int64_t N, C, O;
@@ -47,12 +52,21 @@ struct CfwProblem {
     int64_t nv;                // NB = nv * VL output channels per block
     int64_t lines;             // output lines of a panel, at most
     const int64_t* tasks;
+    int64_t dtype;             // x's and dy's
 };
 
-// Floats of scratch per thread: one group's dy panel.
+// The input rows a group of at most `lines` output lines reads at one depth.
+static int64_t slab_rows(const CfwProblem* P) {
+    return std::min(P->L[1], (P->lines - 1) * P->s[1] + (P->K[1] - 1) * P->d[1] + 1);
+}
+
+// Floats of scratch per thread: one group's dy panel (16-bit memory: and a staging
+// row of dy's block, the x slab).
 int64_t cg_cfw_scratch(const CfwProblem* P) {
     const int64_t NB = P->nv * VL, nob = (P->O + NB - 1) / NB;
-    return P->lines * P->M[2] * nob * NB + 64;
+    const int64_t panel = P->lines * P->M[2] * nob * NB + 64;
+    if (P->dtype == F32) return panel;
+    return panel + (NB * P->M[2] + 64) + (P->C * slab_rows(P) * P->L[2] + 64);
 }
 
 int64_t cg_cfw_mr(int64_t nv) { return nv >= 1 && nv <= 4 ? WG_MR[nv] : 0; }
@@ -67,6 +81,14 @@ void cg_cfw_run(const CfwProblem* P, int64_t k, float* scratch) {
     const int64_t nct = (C + mr - 1) / mr;
     const int64_t bw = Mw * NB;                          // a line of the panel
     const gemm_fn* fns = gemm_table(nv);
+    const bool wide = P->dtype != F32;
+    const int64_t es = itemsize(P->dtype);
+    // (16-bit) the staging row of a block of dy and the x slab [c][row][w] after the panel
+    float* stage = scratch + P->lines * Mw * ((O + NB - 1) / NB) * NB + 64;
+    float* slab = stage + NB * Mw + 64;
+    const int64_t sr = wide ? slab_rows(P) : 0;
+    // x's strides as the tile reads them: its memory, or the slab
+    const int64_t xc = wide ? sr * P->L[2] : P->xs[1], xrow = wide ? P->L[2] : P->xs[3];
     const float* ar[64];
     float* cr[64];
     const float* xr[64];       // a tile's rows: x at the first position of the first line
@@ -82,9 +104,20 @@ void cg_cfw_run(const CfwProblem* P, int64_t k, float* scratch) {
         // dy rows of the lines, blocks [b0, b1) -> panel[b - b0][j][w][NB]
         for (int64_t b = b0; b < b1; b++) {
             for (int64_t j = 0; j < nl; j++) {
-                const float* src = P->dy + n * P->ys[0] + od * P->ys[2] + (oh0 + j) * P->ys[3];
-                channel_rows_to_panel(scratch + (b - b0) * bst + j * bw,
-                                      src + b * NB * P->ys[1], P->ys[1], Mw, NB, O - b * NB);
+                const int64_t at = n * P->ys[0] + od * P->ys[2] + (oh0 + j) * P->ys[3] +
+                                   b * NB * P->ys[1];
+                if (!wide) {
+                    channel_rows_to_panel(scratch + (b - b0) * bst + j * bw,
+                                          (const float*)P->dy + at, P->ys[1], Mw, NB,
+                                          O - b * NB);
+                    continue;
+                }
+                const int64_t nch = std::min<int64_t>(NB, O - b * NB);
+                for (int64_t i = 0; i < nch; i++)
+                    convert_run(stage + i * Mw, (const char*)P->dy + es * (at + i * P->ys[1]),
+                                P->dtype, 1, Mw);
+                channel_rows_to_panel(scratch + (b - b0) * bst + j * bw, stage, Mw, Mw, NB,
+                                      nch);
             }
         }
         // m rows over np positions of nj lines from the panel at Bt, every block of o
@@ -102,10 +135,10 @@ void cg_cfw_run(const CfwProblem* P, int64_t k, float* scratch) {
                 for (int64_t j = 0; j < nj; j += lstep)
                     for (int64_t p = 0; p < np; p += pstep) {
                         for (int i = 0; i < m; i++)
-                            ar[i] = xr[i] + j * P->s[1] * P->xs[3] + p * P->s[2];
+                            ar[i] = xr[i] + j * P->s[1] * xrow + p * P->s[2];
                         fns[(m - 1) * BMAX + (bk - 1)](
                             std::min(pstep, np - p), std::min(lstep, nj - j), ar, P->s[2],
-                            P->s[1] * P->xs[3], Bt + (b - b0) * bst + j * bw + p * NB, bst, bw,
+                            P->s[1] * xrow, Bt + (b - b0) * bst + j * bw + p * NB, bst, bw,
                             cr, nvalid, false);
                     }
                 b += bk;
@@ -114,21 +147,36 @@ void cg_cfw_run(const CfwProblem* P, int64_t k, float* scratch) {
         for (int64_t kd = 0; kd < P->K[0]; kd++) {
             const int64_t dd = od * P->s[0] + kd * P->d[0] - P->pb[0];
             if (dd < 0 || dd >= P->L[0]) continue;
+            // (16-bit) the group's x rows [hlo, hhi) at depth dd, every channel, widened
+            int64_t hlo = 0;
+            if (wide) {
+                hlo = std::max<int64_t>(0, oh0 * P->s[1] - P->pb[1]);
+                const int64_t hhi = std::min(
+                    P->L[1], (oh0 + nl - 1) * P->s[1] + (P->K[1] - 1) * P->d[1] - P->pb[1] + 1);
+                for (int64_t c = 0; c < C; c++)
+                    for (int64_t h = hlo; h < hhi; h++)
+                        convert_run(slab + c * xc + (h - hlo) * xrow,
+                                    (const char*)P->x + es * (n * P->xs[0] + c * P->xs[1] +
+                                                              dd * P->xs[2] + h * P->xs[3]),
+                                    P->dtype, 1, P->L[2]);
+            }
             for (int64_t kh = 0; kh < P->K[1]; kh++) {
                 // the group's lines j whose x row hh(j) is inside the input
                 const int64_t h0 = oh0 * P->s[1] + kh * P->d[1] - P->pb[1];
                 int64_t ja, jb;
                 valid_range(nl, P->s[1], h0, P->L[1], ja, jb);
                 if (jb <= ja) continue;
-                const float* xh = P->x + n * P->xs[0] + dd * P->xs[2] +
-                                  (h0 + ja * P->s[1]) * P->xs[3];
+                const float* xh =
+                    wide ? slab + (h0 + ja * P->s[1] - hlo) * xrow
+                         : (const float*)P->x + n * P->xs[0] + dd * P->xs[2] +
+                               (h0 + ja * P->s[1]) * P->xs[3];
                 const float* Bh = scratch + ja * bw;
                 const int64_t nj = jb - ja, t0 = (kd * P->K[1] + kh) * P->K[2];
                 // the rows of tap kw, channels [c0, c0 + m), from output position q on
                 auto tap_rows = [&](int64_t kw, int64_t c0, int m, int64_t q, int at) {
                     for (int i = 0; i < m; i++) {
                         xr[at + i] = xh + q * P->s[2] + kw * P->d[2] - P->pb[2] +
-                                     (c0 + i) * P->xs[1];
+                                     (c0 + i) * xc;
                         dr[at + i] = (t0 + kw) * C + c0 + i;
                     }
                 };
