@@ -59,8 +59,11 @@ constexpr int corr_blocks(int r, int nv) {
 template <int R, int NV, int B>
 void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t wstride,
                int64_t wc, int64_t cin, float* const* outp, int64_t ochan, int nvalid,
-               bool stream, int64_t reps) {
+               bool stream, int64_t reps, const char* pf, int64_t pfl) {
     constexpr int NB = NV * VL;
+    // pfl cache lines from pf on (the next tile's input) prefetched, a few per channel of
+    // the first tap
+    const int64_t per = pfl > 0 ? (pfl + cin - 1) / cin : 0;
     for (int64_t rep = 0; rep < reps; rep++) {
         const int64_t wo = rep * B * wstride;
         float* out[R];
@@ -78,7 +81,11 @@ void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t
 #pragma GCC unroll 64
             for (int i = 0; i < R; i++) x[i] = xp[t * R + i];
             const float* w = wp[t] + wo;
+            const bool fetch = per > 0 && rep == 0 && t == 0;
             for (int64_t c = 0; c < cin; c++) {
+                if (fetch && c * per < pfl) {
+                    for (int64_t k = 0; k < per; k++) __builtin_prefetch(pf + 64 * (c * per + k), 0, 3);
+                }
                 vf wv[B][NV];
 #pragma GCC unroll 8
                 for (int b = 0; b < B; b++)
@@ -128,7 +135,8 @@ void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t
 }
 
 typedef void (*corr_fn)(int, const float* const*, const float* const*, int64_t, int64_t,
-                        int64_t, float* const*, int64_t, int, bool, int64_t);
+                        int64_t, float* const*, int64_t, int, bool, int64_t, const char*,
+                        int64_t);
 
 // fns[(R - 1) * BMAX + (B - 1)] for B <= corr_blocks(R, NV), else null
 template <int NV, int K>
@@ -204,7 +212,8 @@ int64_t cg_vector_floats(void) { return VL; }
 // 12 no x-row prefetch in the GEMM tile, 13 never its far prefetch (tiles.h); 14 16-bit
 // result lines stored plainly; 15 no next-plane prefetch in the flat depthwise weight
 // gradient (grouped.cpp); 17 the GEMM tile reads every row through a pointer of its
-// own (tiles.h); 18 the engine's workers may run on the caller's CPU (pool.cpp).
+// own (tiles.h); 18 the engine's workers may run on the caller's CPU (pool.cpp); 29 no
+// prefetch of the next corr tile's input rows.
 int64_t cg_engine_dbg = 0;
 void cg_engine_set_dbg(int64_t v) { cg_engine_dbg = v; }
 int64_t cg_corr_rmax(int64_t nv) { return nv >= 1 && nv <= 4 ? CORR_RMAX[nv] : 0; }
@@ -461,6 +470,30 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                                         (u * P->is[2] + tp[2]) * xpix + g * cin_g;
                                 }
                             }
+                            // the next tile's input rows (its first tap), where they lie
+                            // close together: prefetched into L1 during this tile's first
+                            // call (2026-11-27, Zen 5, alternating in one process, debug
+                            // bit 29 for A/B: ResNet-50 res2's 1x1 data gradient, whose dy
+                            // pixels stream from memory, 1.11-1.17x after the pause and
+                            // 1.11x hot; res3 stride 2 1.03-1.06x, DCGAN level; into L2
+                            // instead: the same on res2, 0.96x on res3)
+                            const char* pf = nullptr;
+                            int64_t pfl = 0;
+                            if (tile + 1 < ntiles && !(cg_engine_dbg & 536870912)) {
+                                const int rn = (int)(npx / ntiles + (tile + 1 < npx % ntiles ? 1 : 0));
+                                const int64_t* tp = P->taps + 4 * (tb + C.taps[0]);
+                                auto row = [&](int64_t q) {
+                                    return (const char*)(lptr[C.line[q] * nt + C.taps[0]] +
+                                                         (C.u[q] * P->is[2] + tp[2]) * xpix +
+                                                         g * cin_g);
+                                };
+                                const char* a = row(p);
+                                const char* e = row(p + rn - 1) + 4 * cin_g;
+                                if (e > a && e - a <= 65536) {
+                                    pf = (const char*)((uintptr_t)a & ~(uintptr_t)63);
+                                    pfl = (e - pf + 63) / 64;
+                                }
+                            }
                             const int bmax = corr_blocks(r, nv);
                             for (int64_t ob = ob0; ob < ob1;) {
                                 const int b = (int)std::min<int64_t>(bmax, ob1 - ob);
@@ -477,7 +510,8 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                                 for (int i = 0; i < r; i++) oo[i] = optr[i] + ob * NB * ochan;
                                 fns[(r - 1) * BMAX + (b - 1)](
                                     ntp, xt.data(), wt.data(), P->wob, P->wc, cin_g, oo, ochan,
-                                    nvalid, stream, reps);
+                                    nvalid, stream, reps, pf, pfl);
+                                pf = nullptr, pfl = 0;
                                 ob += b * reps;
                             }
                         }
