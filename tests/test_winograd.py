@@ -1219,3 +1219,63 @@ def test_boxed_weight_gradient_items_grow_when_a_box_outgrows_half_the_l2(rng, m
     finally:
         winograd.wgrad_plan.cache_clear()
     assert tiles[2**20] >= 2 * tiles[2**30]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("r,c,o,size,groups,sums", [
+    (2, 24, 33, (7, 7), 1, "fused"), (1, 40, 70, 37, 1, "fused"),
+    (2, 96, 96, (30, 30), 1, "parts"), (3, 19, 21, (3, 6, 5), 1, "boxes"),
+    (2, 48, 40, (9, 8), 2, "fused")],
+    ids=["2d-fused", "1d-tails", "2d-parts", "3d-boxes", "2d-groups"])
+def test_16bit_weight_gradients_are_stored_in_their_dtype(isa, dtype, r, c, o, size, groups,
+                                                          sums, rng, monkeypatch):
+    """A float16 / bfloat16 caller's Winograd weight gradient ((*K, C/G, O)) is stored in
+    its dtype by the finish step (``WGRAD_16BIT_RESULT``): bitwise the float32 result
+    rounded once, whether each task finishes its register tiles (fused), its box of
+    sums or the partial sums' rows, tails of output channels included; the same through
+    the front-end (an NXC / XIO caller's result); a value not finite still gives the
+    direct engine's float32 result (D17).  An OIX result stays float32."""
+    monkeypatch.setattr(winograd, "PARTIALS_BYTES", 0 if sums != "parts" else 2**30)
+    if sums == "fused":
+        monkeypatch.setattr(winograd, "WGRAD_BOX_BYTES", 2**15)
+    if sums == "boxes":
+        monkeypatch.setattr(winograd, "WGRAD_FUSED", False)
+    case = geometry(r, n=2, c=c, o=o, size=size, d=1 if r == 3 else 2, groups=groups)
+    geom = make_geometry("t", **case)
+    x, w, dy = make_arrays(case, rng, dtype, True)
+    xv, dyv = np.moveaxis(x, 1, -1), np.moveaxis(dy, 1, -1)
+    with convgrad.config(isa=isa):
+        eng = native.engine()
+        winograd.wgrad_plan.cache_clear()
+        plan = winograd.wgrad_plan(geom, eng.vl, winograd.tile_size(geom, "wgrad"),
+                                   winograd._wgrad_budgets())
+        assert (winograd._fused(plan), bool(plan.parts)) == {
+            "fused": (True, False), "parts": (False, True), "boxes": (False, False)}[sums]
+        f32 = winograd.wgrad(xv, dyv, geom)
+        got = winograd.wgrad(xv, dyv, geom, out_dtype=dtype)
+        monkeypatch.setattr(winograd, "WGRAD_16BIT_RESULT", False)
+        off = winograd.wgrad(xv, dyv, geom, out_dtype=dtype)
+        monkeypatch.setattr(winograd, "WGRAD_16BIT_RESULT", True)
+        oix = winograd.wgrad(xv, dyv, geom, out_dtype=dtype, result_layout="ncx")
+        bad = xv.copy()
+        bad[(1,) + (2,) * r + (3,)] = np.nan
+        nan = winograd.wgrad(bad, dyv, geom, out_dtype=dtype)
+        xio = np.moveaxis(np.moveaxis(w, 0, -1), 0, -2).shape      # (*K, C/G, O)
+        with convgrad.config(algo="winograd"):
+            front = [convgrad.onednn.convolution_backward_weights(
+                xv, dyv, list(xio), strides=list(case["strides"]),
+                pads_begin=list(case["pads_begin"]), pads_end=list(case["pads_end"]),
+                dilations=list(case["dilations"]), groups=groups, data_format="NXC",
+                weights_format="XIO") for _ in range(3)]              # (full, bound calls)
+    winograd.wgrad_plan.cache_clear()
+    assert f32.dtype == np.float32 and off.dtype == np.float32 and got.dtype == dtype
+    np.testing.assert_array_equal(got, f32.astype(dtype))
+    if winograd._writes_oix(plan, "ncx"):
+        assert oix.dtype == np.float32
+    np.testing.assert_array_equal(oix.astype(dtype), got)
+    assert nan.dtype == np.float32 and np.isnan(nan).any()
+    np.testing.assert_array_equal(np.isnan(nan), np.isnan(native.wgrad(bad, dyv, geom)))
+    for f in front:
+        assert f.dtype == dtype
+        np.testing.assert_array_equal(f, got)

@@ -136,7 +136,8 @@ class _Wino(ctypes.Structure):
 
 class _WinoWgrad(ctypes.Structure):
     _fields_ = [("x", _Source), ("dy", _Source), ("groups", _I64), ("tg", _TileGeom),
-                ("cpad", _I64), ("nv", _I64), ("items", _VP), ("bad", _VP), ("oix", _I64)]
+                ("cpad", _I64), ("nv", _I64), ("items", _VP), ("bad", _VP), ("oix", _I64),
+                ("out_dtype", _I64)]
 
 
 def _lib(eng: native.Engine):
@@ -808,7 +809,7 @@ def bind(op: str):
     """The kernel's ``bind`` for ``op`` (``_bound``): its three ops."""
     if op == "wgrad":
         return lambda x, dy, geom, out_dtype=None, result_layout=None: _bind_wgrad(
-            x, dy, geom, result_layout)
+            x, dy, geom, result_layout, out_dtype)
     return native.corr_binder(op, _bind_corr) if op in ("fwd", "dgrad") else None
 
 
@@ -841,12 +842,16 @@ def _writes_oix(plan: WgradPlan, result_layout) -> bool:
     return WGRAD_OIX and result_layout == "ncx" and _fused(plan)
 
 
-def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout=None):
+def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout=None,
+                out_dtype=None):
     """The Winograd weight gradient bound (``_bound``): plan, descriptor and task tables
     made once; a call patches x, dy, the result (every element stored: the finish step
     covers dw with its boxes) and the partial sums' address.  None for an empty one.
     ``result_layout="ncx"``: the result's memory may be OIX (:func:`_writes_oix`), still
-    seen as (*K, C/G, O)."""
+    seen as (*K, C/G, O).  ``out_dtype`` float16 / bfloat16: a (*K, C/G, O) result comes
+    in it (its float32 values rounded once as the finish step stores them: no float32
+    dw, no narrowing pass afterwards), an OIX one in float32; a result recomputed by the
+    direct engine (a value not finite) in float32 too."""
     eng = native.engine()
     lib = _lib(eng)
     G, cg = geom.groups, geom.c // geom.groups
@@ -861,8 +866,13 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout
     dy_src = _dummy_source(geom.out_sizes, geom.o, False) if dy_once else _source(dy)
     bad = np.zeros(1, np.int64)         # (set by the finish step: a value not finite)
     oix = _writes_oix(plan, result_layout)
+    dtype = np.dtype(np.float32)
+    if (not oix and out_dtype is not None and np.dtype(out_dtype) in native.DTYPE_CODES
+            and WGRAD_16BIT_RESULT):
+        dtype = np.dtype(out_dtype)
     prob = _WinoWgrad(_source(x), dy_src, G, _tile_geom(plan), plan.cpad, plan.nv,
-                      plan.items.ctypes.data, bad.ctypes.data, int(oix))
+                      plan.items.ctypes.data, bad.ctypes.data, int(oix),
+                      native.DTYPE_CODES[dtype])
     pp = ctypes.addressof(prob)
     alloc_shape = (geom.o, cg, *geom.kernel) if oix else shape
     as_xio = native._OIX_AS_XIO[len(shape)] if oix else None
@@ -895,7 +905,7 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout
     empty, thread_scratch, address = _results.empty, _pool.thread_scratch, _bound.address
 
     def run(x, dy):
-        dw = empty(alloc_shape, np.float32)
+        dw = empty(alloc_shape, dtype)
         at = address(dw)
         dy_read = contiguous(dy) if dy_once else dy
         prob.x.t.ptr, prob.dy.t.ptr = address(x), address(dy_read)
@@ -1111,6 +1121,9 @@ WGRAD_FUSED = True
 # Fused tasks store an OIX caller's result in OIX memory (_writes_oix; False: a
 # (*K, C/G, O) result and the caller's permuted copy, for A/B).
 WGRAD_OIX = True
+# A float16 / bfloat16 caller's (*K, C/G, O) result stored in its dtype by the finish step
+# (2026-11-27; False: float32, rounded by the front-end afterwards, for A/B).
+WGRAD_16BIT_RESULT = True
 
 
 def _fused(plan: WgradPlan) -> bool:
@@ -1223,10 +1236,10 @@ def _wgrad_budgets() -> tuple:
 
 def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, out_dtype=None,
           result_layout=None) -> np.ndarray:
-    """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O) float32 (whatever
-    ``out_dtype``; in OIX memory where :func:`_writes_oix`): one call of its bound form
-    (:func:`_bind_wgrad`)."""
-    bound = _bind_wgrad(x, dy, geom, result_layout)
+    """Weight gradient: x (N, *L, C), dy (N, *M, O) -> dw (*K, C/G, O), float32 or
+    ``out_dtype`` (see :func:`_bind_wgrad`; in OIX memory where :func:`_writes_oix`):
+    one call of its bound form."""
+    bound = _bind_wgrad(x, dy, geom, result_layout, out_dtype)
     if bound is None:
         return _results.zeros((*geom.kernel, geom.c // geom.groups, geom.o), np.float32)
     return bound(x, dy)

@@ -455,6 +455,8 @@ struct WinoWgrad {
                                // then recomputes dw by the direct engine: D17)
     int64_t oix;               // fused tasks store dw as (O, C/G, *K) (the OIX memory of
                                // a channels-first caller), not (*K, C/G, O)
+    int64_t out_dtype;         // dw's dtype: float32, or (not oix) float16 / bfloat16,
+                               // each finished float32 value rounded once as it is stored
 };
 
 int64_t cg_wino_points(int64_t axes, int64_t m) { return axes == 2 ? (m + 2) * (m + 2) : m + 2; }
@@ -1617,6 +1619,7 @@ struct WgradFinish {
         const int64_t o0 = box->ob0 * NB, o1 = std::min(og, (box->ob0 + box->nob) * NB);
         const int64_t taps = KH * 3;
         vf all = zero();                 // the sum of the values stored: not finite if one is
+        const int64_t dt = P->out_dtype, es = dt == F32 ? 4 : 2;
         for (int64_t r = lo; r < hi; r++) {
             const int64_t gi = r / box->nc, c = box->c0 + r % box->nc, g = box->g0 + gi;
             if (c >= cg_) continue;
@@ -1628,10 +1631,18 @@ struct WgradFinish {
                     finish_taps<M, AX>(m + o, astride, parts, part_stride, res);
                     for (int th = 0; th < KH; th++)
                         for (int tw = 0; tw < 3; tw++) {
-                            float* d = dw + ((k * taps + th * 3 + tw) * cg_ + c) * O + g * og + o;
-                            if (nc == VL) store(d, res[th][tw]);
-                            else store_n(d, res[th][tw], nc);
-                            all += nc == VL ? res[th][tw] : load_n(d, nc);
+                            const int64_t at = ((k * taps + th * 3 + tw) * cg_ + c) * O + g * og + o;
+                            if (nc < VL) {
+                                float part[VL];
+                                store_n(part, res[th][tw], nc);
+                                store_run((char*)dw + es * at, dt, 1, part, nc);
+                                all += load_n(part, nc);
+                                continue;
+                            }
+                            if (dt == F32) store(dw + at, res[th][tw]);
+                            else if (dt == F16) store_as<F16>((uint16_t*)dw + at, res[th][tw]);
+                            else store_as<BF16>((uint16_t*)dw + at, res[th][tw]);
+                            all += res[th][tw];
                         }
                 }
             }
