@@ -848,12 +848,12 @@ def test_channels_first_pointwise_16bit_weight_gradient_kernel(isa, dtype, c, o,
 
 
 def _check_channels_first_wgrad_kernel(case, isa, kernel, switch, rng, monkeypatch,
-                                       dtype=np.float32):
-    """The NCX weight gradient of ``case`` with native.<switch> on (1 and 3 threads:
-    native.<kernel> runs, bitwise equal) and off (the path it replaced), each against
-    the reference."""
+                                       dtype=np.float32, channels_last=False):
+    """The NCX (or NXC) weight gradient of ``case`` with native.<switch> on (1 and 3
+    threads: native.<kernel> runs, bitwise equal) and off (the path it replaced), each
+    against the reference."""
     monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
-    x, w, dy = make_arrays(case, rng, dtype, False)
+    x, w, dy = make_arrays(case, rng, dtype, channels_last)
     kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
     want = reference_results(case, x, w, dy)[1]
     ran, real = [], getattr(native, kernel)
@@ -888,6 +888,32 @@ def test_channels_first_weight_gradient_kernel(isa, name, dtype, panel, rng, mon
     monkeypatch.setattr(native, "CFW_PANEL_FLOATS", panel)
     _check_channels_first_wgrad_kernel(case, isa, "_cf_wgrad", "CF_WGRAD", rng, monkeypatch,
                                        dtype)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("geom", [
+    _geometry(2, c=3, o=64, size=37, k=7, s=2, pb=3, pe=2, n=2),   # ResNet's conv1, small
+    _geometry(2, c=3, o=40, size=30, k=5, s=2, pb=2, pe=0, n=2),
+    _geometry(1, c=2, o=20, size=90, k=5, s=3, d=2, pb=4, pe=1, n=2),
+    _geometry(3, c=1, o=16, size=9, k=3, s=2, pb=1, pe=1, n=2),
+], ids=["conv1-like", "2d-tails", "1d-s3-dilated", "3d-one-channel"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("panel", [1, 1 << 15], ids=["line-panels", "panels"])
+def test_channels_last_few_channel_weight_gradients_take_the_channels_first_kernel(
+        isa, geom, dtype, panel, rng, monkeypatch):
+    """Channels-last weight gradients with fewer input channels than cg_cfw_run's tile
+    has rows run it on their pixels (CF_WGRAD_FEW_CHANNELS: a tile's rows at a position
+    step of C floats, the folded taps' rows consecutive floats; each dy pixel's run of a
+    block's channels copied into the panel; 16-bit rows widened into the slab): against
+    the reference and the kernel they took before, every build, 1 and 3 threads bitwise
+    equal."""
+    from convgrad.geometry import make_geometry
+    with convgrad.config(isa=isa):
+        assert native._cf_few_channels(make_geometry("t", **geom))
+    monkeypatch.setattr(native, "PARTIALS_BYTES", 2**40)
+    monkeypatch.setattr(native, "CFW_PANEL_FLOATS", panel)
+    _check_channels_first_wgrad_kernel(geom, isa, "_cf_wgrad", "CF_WGRAD_FEW_CHANNELS", rng,
+                                       monkeypatch, dtype, channels_last=True)
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -78,9 +78,12 @@ CORR_L1_WEIGHT_BYTES = 0        # (measured no gain yet; see docs/kernels.md)
 MERGE_W_PHASES = True
 MERGE_H_PHASES = True
 # channels-first weight gradients of one group take cg_cfw_run (_cf_wgrad), float16 /
-# bfloat16 ones too (CF_WGRAD_16BIT, 2026-11-27); its dy panel: at most this many floats
+# bfloat16 ones too (CF_WGRAD_16BIT, 2026-11-27), and channels-last ones with fewer input
+# channels than its tile has rows (CF_WGRAD_FEW_CHANNELS, 2026-11-27: ResNet's conv1);
+# its dy panel: at most this many floats
 CF_WGRAD = True
 CF_WGRAD_16BIT = True
+CF_WGRAD_FEW_CHANNELS = True
 CFW_PANEL_FLOATS = 32 << 10
 # float32 pointwise weight gradients take cg_pw_run (_pointwise_wgrad), cut into at
 # least this many position ranges
@@ -197,7 +200,7 @@ class _Cfw(ctypes.Structure):
                 ("ys", _I64 * 4), ("N", _I64), ("C", _I64), ("O", _I64), ("L", _I64 * 3),
                 ("M", _I64 * 3), ("K", _I64 * 3), ("s", _I64 * 3), ("d", _I64 * 3),
                 ("pb", _I64 * 3), ("nv", _I64), ("lines", _I64), ("tasks", ctypes.c_void_p),
-                ("dtype", _I64)]
+                ("dtype", _I64), ("xw", _I64), ("yw", _I64)]
 
 
 class _Wgrad(ctypes.Structure):
@@ -1473,20 +1476,39 @@ def _channels_first(a: np.ndarray, dtypes=(np.float32,)) -> bool:
             and a.strides[-1] != a.itemsize and a.shape[-2] > 1)
 
 
-def _cf_wgrad_takes(x: np.ndarray, dy: np.ndarray) -> bool:
-    """Whether x and dy are memory :func:`_cf_wgrad` reads: channels-first, one dtype
-    (float32, or float16 / bfloat16, widened in its scratch)."""
+def _pixels(a: np.ndarray) -> bool:
+    """An (N, *S, C) view whose pixels are runs of C contiguous channels."""
+    return a.ndim >= 3 and a.strides[-1] == a.itemsize and a.strides[-2] == a.shape[-1] * a.itemsize
+
+
+def _cf_few_channels(geom: ConvGeometry) -> bool:
+    """Whether a one-group weight gradient has fewer input channels than
+    :func:`_cf_wgrad`'s tile has rows (several w taps then share a tile; channels-last
+    memory takes it too, ``CF_WGRAD_FEW_CHANNELS``)."""
+    eng = engine()
+    return CF_WGRAD_FEW_CHANNELS and geom.c < int(eng.lib.cg_cfw_mr(_nv_for(geom.o, eng.vl)))
+
+
+def _cf_wgrad_takes(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> bool:
+    """Whether x and dy are memory :func:`_cf_wgrad` reads: one dtype (float32, or
+    float16 / bfloat16, widened in its scratch), channels-first, or channels-last pixels
+    where the input channels are few (:func:`_cf_few_channels`)."""
     dtypes = DTYPE_CODES if CF_WGRAD_16BIT else (np.float32,)
-    return x.dtype == dy.dtype and all(_channels_first(a, dtypes) for a in (x, dy))
+    if x.dtype != dy.dtype or x.dtype not in dtypes:
+        return False
+    return (all(_channels_first(a, dtypes) for a in (x, dy))
+            or (_pixels(x) and _pixels(dy) and _cf_few_channels(geom)))
 
 
 def _cf_wgrad_layouts(call) -> bool:
     """:func:`_cf_wgrad_takes` for a weight gradient's description (its inputs' dtypes
     and possible layouts, no arrays)."""
     dtypes = DTYPE_CODES if CF_WGRAD_16BIT else (np.float32,)
-    return call.a.dtype == call.b.dtype and all(
-        d.dtype in dtypes and "nxc" not in d.layouts and "ncx" in d.layouts
-        for d in (call.a, call.b))
+    if call.a.dtype != call.b.dtype or call.a.dtype not in dtypes:
+        return False
+    ops = (call.a, call.b)
+    return (all("nxc" not in d.layouts and "ncx" in d.layouts for d in ops)
+            or (all("nxc" in d.layouts for d in ops) and _cf_few_channels(call.geom)))
 
 
 def _cf_wgrad_fits(geom: ConvGeometry) -> bool:
@@ -1507,10 +1529,11 @@ def _cf_wgrad_chunks(geom: ConvGeometry) -> int:
 
 def _cf_wgrad(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, dw: np.ndarray,
               threads: int) -> None:
-    """The weight gradient of a one-group problem on float32 channels-first memory
-    into ``dw`` (*K, C, O), or a transposed view of OIX memory (:func:`_cf_oix`), by
-    engine.cpp's neighbour cfwgrad.cpp (cg_cfw_run): x read in place as the tile's
-    broadcasts, dy transposed into panels.  Results never depend on the thread count:
+    """The weight gradient of a one-group problem on channels-first memory (or
+    channels-last pixels of few input channels: :func:`_cf_wgrad_takes`) into ``dw``
+    (*K, C, O), or a transposed view of OIX memory (:func:`_cf_oix`), by engine.cpp's
+    neighbour cfwgrad.cpp (cg_cfw_run): x read in place as the tile's broadcasts (16-bit
+    rows widened first), dy transposed into panels.  Results never depend on the thread count:
     the lines are cut into a fixed number of ranges (WGRAD_CHUNKS), one partial
     gradient each (:func:`_cf_wgrad_fits`), summed in order."""
     oix = not dw.flags.c_contiguous
@@ -1522,6 +1545,9 @@ def _cf_wgrad(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, dw
     def strides4(a):           # n, c, d, h (elements; leading spatial axes of size 1: 0)
         st = [v // a.itemsize for v in a.strides]
         return (st[0], st[-1], *([0] * (3 - r) + st[1:r + 1])[:2])
+
+    def w_step(a):             # (1: channels first; C or O: channels-last pixels)
+        return a.strides[-2] // a.itemsize
     nv = _nv_for(geom.o, eng.vl)
     nb = nv * eng.vl
     nob = -(-geom.o // nb)
@@ -1540,7 +1566,8 @@ def _cf_wgrad(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, dw
     prob = _Cfw(x.ctypes.data, dy.ctypes.data, (_I64 * 4)(*strides4(x)),
                 (_I64 * 4)(*strides4(dy)), geom.n, geom.c, geom.o, (_I64 * 3)(*l3),
                 (_I64 * 3)(*m3), (_I64 * 3)(*k3), (_I64 * 3)(*s3), (_I64 * 3)(*d3),
-                (_I64 * 3)(*p3), nv, panel_lines, table.ctypes.data, DTYPE_CODES[x.dtype])
+                (_I64 * 3)(*p3), nv, panel_lines, table.ctypes.data, DTYPE_CODES[x.dtype],
+                w_step(x), w_step(dy))
     pp = ctypes.addressof(prob)
     n = min(threads, len(tasks))
     buf, per_thread = _pool.thread_scratch("native-pack", int(eng.lib.cg_cfw_scratch(pp)), n)
@@ -1577,7 +1604,7 @@ def wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout=None,
     # (the kernels' tasks zero the parts they add into, in parallel, just before: a
     # separate zeroing pass over a 9.4 MB gradient took 3 ms after the benchmark's pause)
     threads = _threads(geom.flops)
-    if (CF_WGRAD and G == 1 and _cf_wgrad_takes(x, dy)
+    if (CF_WGRAD and G == 1 and _cf_wgrad_takes(x, dy, geom)
             and not (_plain_pointwise(geom) and POINTWISE_KERNEL) and _cf_wgrad_fits(geom)):
         if _cf_oix(geom, result_layout):
             oix = _results.empty((geom.o, cg, *geom.kernel), np.float32)
@@ -1762,6 +1789,9 @@ def _bind_cf_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, shape,
     def strides4(a):
         st = [v // a.itemsize for v in a.strides]
         return (st[0], st[-1], *([0] * (3 - r) + st[1:r + 1])[:2])
+
+    def w_step(a):
+        return a.strides[-2] // a.itemsize
     nv = _nv_for(geom.o, eng.vl)
     nob = -(-geom.o // (nv * eng.vl))
     lines = geom.n * m3[0] * m3[1]
@@ -1774,7 +1804,7 @@ def _bind_cf_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, shape,
     prob = _Cfw(None, None, (_I64 * 4)(*strides4(x)), (_I64 * 4)(*strides4(dy)), geom.n,
                 geom.c, geom.o, (_I64 * 3)(*l3), (_I64 * 3)(*m3), (_I64 * 3)(*k3),
                 (_I64 * 3)(*s3), (_I64 * 3)(*d3), (_I64 * 3)(*p3), nv, panel_lines,
-                table.ctypes.data, DTYPE_CODES[x.dtype])
+                table.ctypes.data, DTYPE_CODES[x.dtype], w_step(x), w_step(dy))
     pp = ctypes.addressof(prob)
     n = min(threads, len(cuts))
     need = int(lib.cg_cfw_scratch(pp))
@@ -1886,7 +1916,7 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout
     if math.prod(shape) == 0 or x.size == 0 or dy.size == 0:
         return None
     threads = _threads(geom.flops)
-    if (CF_WGRAD and G == 1 and _cf_wgrad_takes(x, dy)
+    if (CF_WGRAD and G == 1 and _cf_wgrad_takes(x, dy, geom)
             and not (_plain_pointwise(geom) and POINTWISE_KERNEL) and _cf_wgrad_fits(geom)):
         return _bind_cf_wgrad(x, dy, geom, shape, result_layout)
     geom0 = geom

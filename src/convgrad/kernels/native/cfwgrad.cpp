@@ -14,6 +14,11 @@
 // rows of its lines' taps) into a float32 slab that the broadcasts read instead; the
 // sums are the float32 kernel's on the widened values.
 //
+// Channels-last pixels (few input channels: native.py, _cf_wgrad_takes) go the same way:
+// a tile's rows are x's channels at a position step of C floats -- the folded taps' rows
+// (kw, c) consecutive floats --, and each dy pixel's run of a block's channels is copied
+// into the panel.
+//
 // The general kernel (engine.cpp: cg_wgrad_run) converts channels-first lines into
 // channels-last scratch first and reads x's converted rows as its broadcasts; the 1x1
 // case of this layout (engine.cpp: cg_pw_run) showed that x's rows in place, runs of
@@ -53,6 +58,9 @@ struct CfwProblem {
     int64_t lines;             // output lines of a panel, at most
     const int64_t* tasks;
     int64_t dtype;             // x's and dy's
+    int64_t xw, yw;            // x's and dy's w strides (elements): 1 for channels-first
+                               // memory; C and O for channels-last pixels (xs[1] and
+                               // ys[1] then 1: every pixel's channels contiguous)
 };
 
 // The input rows a group of at most `lines` output lines reads at one depth.
@@ -87,8 +95,12 @@ void cg_cfw_run(const CfwProblem* P, int64_t k, float* scratch) {
     float* stage = scratch + P->lines * Mw * ((O + NB - 1) / NB) * NB + 64;
     float* slab = stage + NB * Mw + 64;
     const int64_t sr = wide ? slab_rows(P) : 0;
-    // x's strides as the tile reads them: its memory, or the slab
-    const int64_t xc = wide ? sr * P->L[2] : P->xs[1], xrow = wide ? P->L[2] : P->xs[3];
+    // x's channel, row and position strides as the tile reads them: its memory, or the
+    // slab ([c][row][w], or [row][w][c] for channels-last pixels)
+    const bool cl = P->xw != 1;
+    const int64_t xc = wide ? (cl ? 1 : sr * P->L[2]) : P->xs[1];
+    const int64_t xrow = wide ? (cl ? P->L[2] * C : P->L[2]) : P->xs[3];
+    const int64_t xw = wide ? (cl ? C : 1) : P->xw;
     const float* ar[64];
     float* cr[64];
     const float* xr[64];       // a tile's rows: x at the first position of the first line
@@ -106,6 +118,17 @@ void cg_cfw_run(const CfwProblem* P, int64_t k, float* scratch) {
             for (int64_t j = 0; j < nl; j++) {
                 const int64_t at = n * P->ys[0] + od * P->ys[2] + (oh0 + j) * P->ys[3] +
                                    b * NB * P->ys[1];
+                if (P->yw != 1) {
+                    // channels-last dy: each position's run of the block's channels
+                    float* o = scratch + (b - b0) * bst + j * bw;
+                    const int64_t nch = std::min<int64_t>(NB, O - b * NB);
+                    for (int64_t p = 0; p < Mw; p++) {
+                        convert_run(o + p * NB, (const char*)P->dy + es * (at + p * P->yw),
+                                    P->dtype, 1, nch);
+                        for (int64_t i = nch; i < NB; i++) o[p * NB + i] = 0.0f;
+                    }
+                    continue;
+                }
                 if (!wide) {
                     channel_rows_to_panel(scratch + (b - b0) * bst + j * bw,
                                           (const float*)P->dy + at, P->ys[1], Mw, NB,
@@ -135,9 +158,9 @@ void cg_cfw_run(const CfwProblem* P, int64_t k, float* scratch) {
                 for (int64_t j = 0; j < nj; j += lstep)
                     for (int64_t p = 0; p < np; p += pstep) {
                         for (int i = 0; i < m; i++)
-                            ar[i] = xr[i] + j * P->s[1] * xrow + p * P->s[2];
+                            ar[i] = xr[i] + j * P->s[1] * xrow + p * P->s[2] * xw;
                         fns[(m - 1) * BMAX + (bk - 1)](
-                            std::min(pstep, np - p), std::min(lstep, nj - j), ar, P->s[2],
+                            std::min(pstep, np - p), std::min(lstep, nj - j), ar, P->s[2] * xw,
                             P->s[1] * xrow, Bt + (b - b0) * bst + j * bw + p * NB, bst, bw,
                             cr, nvalid, false);
                     }
@@ -153,7 +176,12 @@ void cg_cfw_run(const CfwProblem* P, int64_t k, float* scratch) {
                 hlo = std::max<int64_t>(0, oh0 * P->s[1] - P->pb[1]);
                 const int64_t hhi = std::min(
                     P->L[1], (oh0 + nl - 1) * P->s[1] + (P->K[1] - 1) * P->d[1] - P->pb[1] + 1);
-                for (int64_t c = 0; c < C; c++)
+                for (int64_t h = hlo; h < hhi && cl; h++)        // (whole rows of pixels)
+                    convert_run(slab + (h - hlo) * xrow,
+                                (const char*)P->x + es * (n * P->xs[0] + dd * P->xs[2] +
+                                                          h * P->xs[3]),
+                                P->dtype, 1, P->L[2] * C);
+                for (int64_t c = 0; c < C && !cl; c++)
                     for (int64_t h = hlo; h < hhi; h++)
                         convert_run(slab + c * xc + (h - hlo) * xrow,
                                     (const char*)P->x + es * (n * P->xs[0] + c * P->xs[1] +
@@ -175,7 +203,7 @@ void cg_cfw_run(const CfwProblem* P, int64_t k, float* scratch) {
                 // the rows of tap kw, channels [c0, c0 + m), from output position q on
                 auto tap_rows = [&](int64_t kw, int64_t c0, int m, int64_t q, int at) {
                     for (int i = 0; i < m; i++) {
-                        xr[at + i] = xh + q * P->s[2] + kw * P->d[2] - P->pb[2] +
+                        xr[at + i] = xh + (q * P->s[2] + kw * P->d[2] - P->pb[2]) * xw +
                                      (c0 + i) * xc;
                         dr[at + i] = (t0 + kw) * C + c0 + i;
                     }
