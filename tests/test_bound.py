@@ -375,3 +375,45 @@ def test_the_waker_is_for_calls_on_threads():
         assert native.waker(1) is None
     with convgrad.config(threads=1):
         assert native.waker(big) is None
+
+
+def _pointwise_corr(rng, fmt_op, dtype, n=4, c=48, o=80, size=12):
+    """A 1x1 channels-first data gradient or forward convolution (whole samples as the
+    engine's tasks: cg_pw_sample_task)."""
+    kw = dict(strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], dilations=[1, 1],
+              data_format="NCX", weights_format="OIX")
+    w = (rng.standard_normal((o, c, 1, 1)) / 5).astype(dtype)
+    if fmt_op == "dgrad":
+        return (lambda dy, w: onednn.convolution_backward_data(dy, w, [n, c, size, size], **kw),
+                lambda: (rng.standard_normal((n, o, size, size)).astype(dtype), w))
+    return (lambda x, w: onednn.convolution(x, w, **kw),
+            lambda: (rng.standard_normal((n, c, size, size)).astype(dtype), w))
+
+
+@pytest.mark.parametrize("op,dtype", [("dgrad", np.float32), ("fwd", np.float32),
+                                      ("dgrad", np.float16), ("fwd", ml_dtypes.bfloat16)])
+def test_channels_first_pointwise_calls_bind(rng, monkeypatch, op, dtype):
+    """Channels-first 1x1 data gradients and forward convolutions that run whole samples
+    as the engine's tasks bind (``native.BIND_PW``): from the second call on, each new
+    call's weights, input and result addresses are written into the kept descriptor's
+    tables; bitwise the full path's result on new arrays, new weights included, and
+    right against the reference."""
+    monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
+    call, make = _pointwise_corr(rng, op, dtype)
+    inputs = [make() for _ in range(4)]
+    inputs[2] = (inputs[2][0], (inputs[2][1] * 3).astype(dtype))         # new weights
+    got = [np.array(call(*a)) for a in inputs]
+    bound = _bound_runners()
+    assert bound, "the second call should have bound the kernel"
+    for a, g in zip(inputs[1:], got[1:]):
+        kernels.clear_choices()
+        monkeypatch.setattr(native, "BIND_PW", False)
+        want = call(*a)
+        assert g.dtype == want.dtype
+        np.testing.assert_array_equal(g, want)
+    assert not np.array_equal(got[1], got[2])
+    with convgrad.config(algo="reference"):
+        ref = np.asarray(call(*inputs[-1]), np.float64)
+    tol = 1e-5 if dtype == np.float32 else 1e-2
+    np.testing.assert_allclose(np.asarray(got[-1], np.float64), ref,
+                               atol=tol * np.abs(ref).max())

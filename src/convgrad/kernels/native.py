@@ -94,6 +94,8 @@ POINTWISE_PARTS = 8
 POINTWISE_16BIT = True
 # channels-first pointwise problems a sample per task on the engine's workers
 PW_SAMPLE_TASKS = True
+# ... bound (_bind_transposed_pointwise: 2026-11-27; False for A/B)
+BIND_PW = True
 # wgrad: the packed panels of one chunk of positions (x rows, dy rows; swept in
 # L2-sized blocks) take about this much; a chunk has at least / at most this
 # many positions.
@@ -1052,6 +1054,22 @@ def _pw_samples(eng: Engine, a_of, b_of, outs, threads: int, stream: bool) -> bo
     its correlation, on one thread): the same calls as one Python pool thread per
     sample made, without the GIL between them.  False (nothing done) where the samples'
     arrays differ in anything but their addresses."""
+    made = _pw_samples_problem(eng, a_of, b_of, outs, stream)
+    if made is None or made is True:
+        return made is True
+    prob, tables, need = made
+    buf, per_thread = _pool.thread_scratch("native-pack", need, threads)
+    _pool.run_native(eng.lib, "cg_pw_sample_task",
+                     [(ctypes.addressof(prob), k) for k in range(len(outs))], threads,
+                     per_thread)
+    del prob, buf, tables
+    return True
+
+
+def _pw_samples_problem(eng: Engine, a_of, b_of, outs, stream: bool):
+    """:func:`_pw_samples`' descriptor: ``(problem, its three address tables (a, out,
+    b per sample), per-thread scratch floats)``; None where the samples' arrays differ
+    in anything but their addresses, True where there is nothing to compute."""
     n = len(outs)
     a0, b0 = a_of(0), b_of(0)
     (m, a), b = a0.shape, b0.shape[1]
@@ -1062,7 +1080,7 @@ def _pw_samples(eng: Engine, a_of, b_of, outs, threads: int, stream: bool) -> bo
     first = views[0]
     if any(tuple(x.strides) != tuple(y.strides) or x.dtype != y.dtype
            for v in views[1:] for x, y in zip(v, first)):
-        return False
+        return None
     inp, out, b3 = first
     g = ConvGeometry(1, a, b, 1, (h, w), (1, 1), (h, w), (1, 1), (1, 1), (0, 0), (0, 0))
     plan = corr_plan(g, "fwd", eng.vl, eng.rmax_of, 1, _is_packed(inp), _is_packed(out),
@@ -1079,14 +1097,57 @@ def _pw_samples(eng: Engine, a_of, b_of, outs, threads: int, stream: bool) -> bo
                       tables[2].ctypes.data, DTYPE_CODES[b3.dtype], T, a, b,
                       b3.strides[0] // es, b3.strides[1] // es, b3.strides[2] // es, 0,
                       plan.nv, blocks, panel_floats, len(plan.items))
-    pp = ctypes.addressof(prob)
     need = -(-panel_floats // 16) * 16 + int(eng.lib.cg_corr_scratch(
         ctypes.addressof(prob.base), 0, len(plan.items)))
-    buf, per_thread = _pool.thread_scratch("native-pack", need, threads)
-    _pool.run_native(eng.lib, "cg_pw_sample_task", [(pp, k) for k in range(n)], threads,
-                     per_thread)
-    del prob, buf, tables
-    return True
+    prob.keep = (plan, tables)
+    return prob, tables, need
+
+
+def _bind_transposed_pointwise(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
+                               geom: ConvGeometry, alloc):
+    """:func:`_corr_into`'s channels-first 1x1 path (:func:`_transposed_pointwise`) bound
+    (``_bound``) where it runs whole samples as the engine's tasks (:func:`_pw_samples`):
+    plan, descriptor, task table made once; a call writes the samples' addresses (the
+    weights, its result's and its input's, a fixed step apart) into the descriptor's
+    tables and whether its result streams.  None otherwise."""
+    eng = engine()
+    lib = eng.lib
+    threads = _threads(geom.flops)
+    ins, outs = _channels_first_pointwise(geom, inp, out)
+    n = len(outs)
+    if not (PW_SAMPLE_TASKS and threads > 1 and n >= threads and n % threads == 0):
+        return None
+    w2 = _weights_2d(w)[0].T if kind == "fwd" else _weights_2d(w)[0]
+    made = _pw_samples_problem(eng, lambda k: w2, lambda k: ins[k], outs, False)
+    if made is None or made is True:
+        return None
+    prob, (ta, to, tb), need = made
+    address = _bound.address
+    # (each sample's views a fixed step from their array's address)
+    w_off = address(w2) - address(w)
+    o_off, o_step = address(outs[0]) - address(out), out.strides[0]
+    i_off, i_step = address(ins[0]) - address(inp), inp.strides[0]
+    lines = o_off % 64 == 0 and o_step % 64 == 0 and outs[0].strides[0] % 64 == 0
+    ks = np.arange(n, dtype=np.int64)
+    per = _pool.scratch_bytes(need)
+    go = _bound.runner(lib, _bound.task_table(
+        lib, "cg_pw_sample_task", [(ctypes.addressof(prob), k) for k in range(n)]), threads, per)
+    recycled, thread_scratch = _results.recycled, _pool.thread_scratch
+
+    def run(w, inp):
+        res = alloc()
+        at = address(res)
+        ta[:] = address(w) + w_off
+        np.add(ks * o_step, at + o_off, out=to)
+        np.add(ks * i_step, address(inp) + i_off, out=tb)
+        prob.base.stream = int(lines and at % 64 == 0 and recycled(res)
+                               and res.nbytes >= _results.STREAM_MIN_BYTES)
+        buf, (base, _) = thread_scratch("native-pack", need, threads)
+        go(base)
+        del buf
+        return res
+    run.keep = (prob, ta, to, tb)
+    return _bound.guarded(run)
 
 
 def _small_wgrad_inputs(geom: ConvGeometry) -> bool:
@@ -1311,8 +1372,9 @@ def _bind_corr(kind: str, inp: np.ndarray, w: np.ndarray, out: np.ndarray,
     if out.size == 0 or inp.size == 0 or w.size == 0:
         return None
     threads = _threads(geom.flops)
-    if (_channels_first_pointwise(geom, inp, out) is not None
-            or _stationary_input(inp, geom, kind, eng.vl) is not inp):
+    if _channels_first_pointwise(geom, inp, out) is not None:
+        return _bind_transposed_pointwise(kind, inp, w, out, geom, alloc) if BIND_PW else None
+    if _stationary_input(inp, geom, kind, eng.vl) is not inp:
         return None
     address = _bound.address
     inp_f, out_f = inp, out
