@@ -1547,8 +1547,10 @@ def _cf_few_channels(geom: ConvGeometry) -> bool:
     """Whether a one-group weight gradient has fewer input channels than
     :func:`_cf_wgrad`'s tile has rows (several w taps then share a tile; channels-last
     memory takes it too, ``CF_WGRAD_FEW_CHANNELS``)."""
+    if not CF_WGRAD_FEW_CHANNELS or available() is not None:
+        return False
     eng = engine()
-    return CF_WGRAD_FEW_CHANNELS and geom.c < int(eng.lib.cg_cfw_mr(_nv_for(geom.o, eng.vl)))
+    return geom.c < int(eng.lib.cg_cfw_mr(_nv_for(geom.o, eng.vl)))
 
 
 def _cf_wgrad_takes(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry) -> bool:
