@@ -1127,7 +1127,7 @@ def _bind_transposed_pointwise(kind: str, inp: np.ndarray, w: np.ndarray, out: n
     w_off = address(w2) - address(w)
     o_off, o_step = address(outs[0]) - address(out), out.strides[0]
     i_off, i_step = address(ins[0]) - address(inp), inp.strides[0]
-    lines = o_off % 64 == 0 and o_step % 64 == 0 and outs[0].strides[0] % 64 == 0
+    aligned = o_off % 64 == 0 and o_step % 64 == 0 and outs[0].strides[0] % 64 == 0
     ks = np.arange(n, dtype=np.int64)
     per = _pool.scratch_bytes(need)
     go = _bound.runner(lib, _bound.task_table(
@@ -1140,7 +1140,7 @@ def _bind_transposed_pointwise(kind: str, inp: np.ndarray, w: np.ndarray, out: n
         ta[:] = address(w) + w_off
         np.add(ks * o_step, at + o_off, out=to)
         np.add(ks * i_step, address(inp) + i_off, out=tb)
-        prob.base.stream = int(lines and at % 64 == 0 and recycled(res)
+        prob.base.stream = int(aligned and at % 64 == 0 and recycled(res)
                                and res.nbytes >= _results.STREAM_MIN_BYTES)
         buf, (base, _) = thread_scratch("native-pack", need, threads)
         go(base)
@@ -1591,6 +1591,18 @@ def _cf_wgrad_chunks(geom: ConvGeometry) -> int:
     return max(1, min(geom.n * m3[0] * m3[1], WGRAD_CHUNKS))
 
 
+def _cfw_strides(a: np.ndarray, r: int) -> tuple:
+    """cg_cfw_run's strides of an (N, *S, C) view of rank r: n, c, d, h (elements;
+    leading spatial axes of size 1: 0)."""
+    st = [v // a.itemsize for v in a.strides]
+    return (st[0], st[-1], *([0] * (3 - r) + st[1:r + 1])[:2])
+
+
+def _w_step(a: np.ndarray) -> int:
+    """Its w stride in elements: 1 for channels-first memory, C for channels-last pixels."""
+    return a.strides[-2] // a.itemsize
+
+
 def _cf_wgrad(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, dw: np.ndarray,
               threads: int) -> None:
     """The weight gradient of a one-group problem on channels-first memory (or
@@ -1606,12 +1618,6 @@ def _cf_wgrad(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, dw
                       _pad3(geom.pads_begin, 0))
     l3, m3 = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)
 
-    def strides4(a):           # n, c, d, h (elements; leading spatial axes of size 1: 0)
-        st = [v // a.itemsize for v in a.strides]
-        return (st[0], st[-1], *([0] * (3 - r) + st[1:r + 1])[:2])
-
-    def w_step(a):             # (1: channels first; C or O: channels-last pixels)
-        return a.strides[-2] // a.itemsize
     nv = _nv_for(geom.o, eng.vl)
     nb = nv * eng.vl
     nob = -(-geom.o // nb)
@@ -1627,11 +1633,11 @@ def _cf_wgrad(eng: Engine, x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, dw
         tasks = [(lo, hi, 0, nob, parts[i].ctypes.data)
                  for i, (lo, hi) in enumerate(_pool.split(lines, chunks))]
     table = _i64(tasks).reshape(-1, 5)
-    prob = _Cfw(x.ctypes.data, dy.ctypes.data, (_I64 * 4)(*strides4(x)),
-                (_I64 * 4)(*strides4(dy)), geom.n, geom.c, geom.o, (_I64 * 3)(*l3),
+    prob = _Cfw(x.ctypes.data, dy.ctypes.data, (_I64 * 4)(*_cfw_strides(x, r)),
+                (_I64 * 4)(*_cfw_strides(dy, r)), geom.n, geom.c, geom.o, (_I64 * 3)(*l3),
                 (_I64 * 3)(*m3), (_I64 * 3)(*k3), (_I64 * 3)(*s3), (_I64 * 3)(*d3),
                 (_I64 * 3)(*p3), nv, panel_lines, table.ctypes.data, DTYPE_CODES[x.dtype],
-                w_step(x), w_step(dy))
+                _w_step(x), _w_step(dy))
     pp = ctypes.addressof(prob)
     n = min(threads, len(tasks))
     buf, per_thread = _pool.thread_scratch("native-pack", int(eng.lib.cg_cfw_scratch(pp)), n)
@@ -1849,13 +1855,6 @@ def _bind_cf_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, shape,
     k3, s3, d3, p3 = (_pad3(geom.kernel, 1), _pad3(geom.strides, 1), _pad3(geom.dilations, 1),
                       _pad3(geom.pads_begin, 0))
     l3, m3 = _pad3(geom.in_sizes, 1), _pad3(geom.out_sizes, 1)
-
-    def strides4(a):
-        st = [v // a.itemsize for v in a.strides]
-        return (st[0], st[-1], *([0] * (3 - r) + st[1:r + 1])[:2])
-
-    def w_step(a):
-        return a.strides[-2] // a.itemsize
     nv = _nv_for(geom.o, eng.vl)
     nob = -(-geom.o // (nv * eng.vl))
     lines = geom.n * m3[0] * m3[1]
@@ -1865,10 +1864,11 @@ def _bind_cf_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, shape,
     cuts = [(0, lines)] if chunks == 1 else _pool.split(lines, chunks)
     table = _i64([(lo, hi, 0, nob, 0) for lo, hi in cuts]).reshape(-1, 5)
     offs = np.arange(len(cuts), dtype=np.int64) * (4 * size)
-    prob = _Cfw(None, None, (_I64 * 4)(*strides4(x)), (_I64 * 4)(*strides4(dy)), geom.n,
+    prob = _Cfw(None, None, (_I64 * 4)(*_cfw_strides(x, r)), (_I64 * 4)(*_cfw_strides(dy, r)),
+                geom.n,
                 geom.c, geom.o, (_I64 * 3)(*l3), (_I64 * 3)(*m3), (_I64 * 3)(*k3),
                 (_I64 * 3)(*s3), (_I64 * 3)(*d3), (_I64 * 3)(*p3), nv, panel_lines,
-                table.ctypes.data, DTYPE_CODES[x.dtype], w_step(x), w_step(dy))
+                table.ctypes.data, DTYPE_CODES[x.dtype], _w_step(x), _w_step(dy))
     pp = ctypes.addressof(prob)
     n = min(threads, len(cuts))
     need = int(lib.cg_cfw_scratch(pp))
