@@ -540,7 +540,7 @@ def memory(call) -> dict[str, int]:
         m3, l3 = _pad3(g.out_sizes, 1), _pad3(g.in_sizes, 1)
         line = m3[2] * -(-g.o // nb) * nb                  # (a line of the panel)
         panel = max(CFW_PANEL_FLOATS, line) + 64
-        lines = max(1, CFW_PANEL_FLOATS // line)
+        lines = max(1, CFW_PANEL_FLOATS // max(1, line))     # (no output channels: 0)
         if call.a.dtype != np.float32:
             k, st, dl = _pad3(g.kernel, 1)[1], _pad3(g.strides, 1)[1], _pad3(g.dilations, 1)[1]
             rows = min(l3[1], (lines - 1) * st + (k - 1) * dl + 1)
