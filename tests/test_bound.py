@@ -417,3 +417,25 @@ def test_channels_first_pointwise_calls_bind(rng, monkeypatch, op, dtype):
     tol = 1e-5 if dtype == np.float32 else 1e-2
     np.testing.assert_allclose(np.asarray(got[-1], np.float64), ref,
                                atol=tol * np.abs(ref).max())
+
+
+def test_a_bound_result_of_another_dtype_than_the_first_is_finished_in_full(rng):
+    """A bound call keeps how it finished its first result (a view) for results of that
+    dtype only: a float16 Winograd weight gradient comes back from the kernel in float16,
+    but in float32 from the direct engine's recomputation when a value is not finite
+    (D17); that call's result is still rounded to float16 as the full path's is, its
+    NaN where the full path puts it."""
+    call, make = _wino(rng, "NXC", np.float16, "wgrad")
+    inputs = [make() for _ in range(3)]
+    x, dy = make()
+    x = x.copy()
+    x[1, 2, 3, 4] = np.nan
+    inputs.append((x, dy))
+    got = [call(*a) for a in inputs]
+    assert _bound_runners(), "the second call should have bound the kernel"
+    assert {g.dtype for g in got} == {np.dtype(np.float16)}
+    assert np.isnan(got[-1]).any() and not np.isnan(got[-2]).any()
+    kernels.clear_choices()                      # (the full path, a new runner)
+    want = call(*inputs[-1])
+    assert want.dtype == np.float16
+    np.testing.assert_array_equal(got[-1], want)

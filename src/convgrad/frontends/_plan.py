@@ -209,10 +209,13 @@ def _fast_call(runner: _Runner, arrays: dict[str, np.ndarray]):
         out = bound(va(a), vb(b))
         if out is None:
             return None
-        if finished:
+        if finished and out.dtype == finished[1]:
             return finished[0](out)
         result = full_finish(out)
-        finished.append(_finisher(out, result) or full_finish)
+        if not finished:
+            # (how the first result was finished holds for results of its dtype: a
+            # kernel may fall back to another one, e.g. Winograd's float32 recomputation)
+            finished.extend((_finisher(out, result) or full_finish, out.dtype))
         return result
     run.bound = bound                  # (the kernel's bound call, for the tests)
     return run

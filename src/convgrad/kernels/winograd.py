@@ -850,8 +850,8 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout
     ``result_layout="ncx"``: the result's memory may be OIX (:func:`_writes_oix`), still
     seen as (*K, C/G, O).  ``out_dtype`` float16 / bfloat16: a (*K, C/G, O) result comes
     in it (its float32 values rounded once as the finish step stores them: no float32
-    dw, no narrowing pass afterwards), an OIX one in float32; a result recomputed by the
-    direct engine (a value not finite) is narrowed to it afterwards."""
+    dw, no narrowing pass afterwards), an OIX one in float32, and so is a result
+    recomputed by the direct engine (a value not finite)."""
     eng = native.engine()
     lib = _lib(eng)
     G, cg = geom.groups, geom.c // geom.groups
@@ -903,7 +903,6 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout
             lib, "cg_wino_wgrad_finish_rows", [(pp, fin.ctypes.data, lo, hi) for lo, hi in cuts]),
             ft)
     empty, thread_scratch, address = _results.empty, _pool.thread_scratch, _bound.address
-    narrowed = native.narrowed_copy
 
     def run(x, dy):
         dw = empty(alloc_shape, dtype)
@@ -923,14 +922,10 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout
             finish()
         if bad[0]:
             # a NaN or Inf mixed into every tap's sums by the transforms: the direct
-            # engine gives each tap only the products it has (D17), in the dtype this
-            # call's results come in (a bound call's finish expects it)
+            # engine gives each tap only the products it has (D17), in float32 (the
+            # front-end rounds it to the call's dtype)
             bad[0] = 0
-            again = native.wgrad(x, dy, geom)
-            if dtype == np.float32:
-                return again
-            cast = narrowed(again, dtype)
-            return again.astype(dtype) if cast is None else cast
+            return native.wgrad(x, dy, geom)
         return dw.transpose(as_xio) if oix else dw
     run.keep = (prob, table, plan, bad) + ((fin,) if plan.parts else ())
     return _bound.guarded(run)
