@@ -36,7 +36,7 @@ MODULE = {"torch": "torch", "tensorflow": "tensorflow", "jax": "jax", "openvino"
 
 
 def _all_parties():
-    return P.default_parties([f for f in P.FAMILIES if f != "copy"],
+    return P.default_parties([f for f in P.FAMILIES if f not in ("copy", "fma")],
                              dtypes=("float32", "float16", "bfloat16"),
                              low_precision_layouts=("NXC", "NCX"))
 
@@ -167,7 +167,7 @@ def test_no_party_follows_one_of_its_own_library():
                               (["convgrad", "torch", "jax"], ("float32", "float16"), ("NXC",))):
         names = [p.family for p in P.default_parties(fams, dtypes=dtypes,
                                                      low_precision_layouts=low)
-                 if p.family != "copy"]
+                 if p.family not in ("copy", "fma")]
         pairs = list(zip(names, names[1:] + names[:1]))
         assert not [a for a, b in pairs if a == b == "convgrad"], names
         assert ("torch", "torch") not in pairs, names
@@ -190,6 +190,7 @@ def test_copy_party_moves_a_depthwise_rows_bytes(tmp_path):
     assert len(record["results"]) == 4
     for e in record["results"]:
         assert "copy" not in _table(md)[(e["layer"], e["op"])]
+        assert "copy (unsupported)" not in md
         if not e["depthwise"]:
             assert e["parties"]["copy"]["status"] == "unsupported" and "copy_ms" not in e
             continue
@@ -407,3 +408,45 @@ def test_precision_highest_keeps_the_direct_kernels(tmp_path, monkeypatch):
         assert seen and all(p == precision for p, _ in seen)
         names = {name for _, name in seen}
         assert ("winograd" in names) == (precision == "default"), names
+
+
+def test_fma_party_times_a_dense_rows_flops_as_fmas(tmp_path):
+    """The FMA pseudo-party does a dense row's FLOPs (rounded up to whole loop iterations
+    on every thread) as nothing but FMAs, in the same rotation; it is timed on dense rows
+    only, is never convgrad's best nor a peer, and the report sets convgrad's time and
+    the FMA peak against it."""
+    from convgrad.kernels import native
+    if native.available() is not None:
+        pytest.skip("the FMA party runs on the native engine")
+    per_iter = int(native.engine().lib.cg_fma_loop_flops())
+    for flops, threads in ((1, 1), (10**6, 2), (123_456_789, 3)):
+        _go, done = native.fma_runner(flops, threads)
+        assert flops <= done < flops + per_iter * threads and done % (per_iter * threads) == 0
+    record = run_benchmark(layers=[TINY[2], TINY[1], TINY[0]], parties=["convgrad", "fma"],
+                           repeat=3, warmup=0, out_dir=tmp_path, ceilings=False, pause=0.0,
+                           memory=False, scaling=None)
+    md = (tmp_path / "benchmark.md").read_text()
+    assert len(record["results"]) == 6
+    for e in record["results"]:
+        fma = e["parties"]["fma"]
+        assert "fma" not in _table(md)[(e["layer"], e["op"])]
+        assert "fma (unsupported)" not in md
+        if e["groups"] != 1:
+            assert fma["status"] == "unsupported" and "fma_ms" not in e
+            continue
+        assert fma["status"] == "ok" and len(fma["times_ms"]) == 3
+        assert e["convgrad_best"].startswith("convgrad") and e["fastest_peer"] is None
+        assert e["fma_ms"] == fma["ms"] and e["fma_fraction"] == fma["ms"] / e["convgrad_ms"]
+        row = [ln for ln in md.split("## Dense rows: the FMA ceiling")[1].splitlines()
+               if ln.startswith(f"| {e['layer']} | {e['op']} |")][0]
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[5] == f"{fma['ms']:.2f}" and cells[7] == f"{100 * e['fma_fraction']:.0f}"
+    # against a given peak: the FLOPs over the FMA-only time
+    entry = {"layer": "l", "op": "dgrad", "flops": 6e9, "io_bytes": 1,
+             "parties": {"cg": {"peer": False, "dtype": "float32", "family": "convgrad",
+                                "status": "ok", "ms": 4.0, "times_ms": [4.0]},
+                         "fma": {"peer": False, "dtype": "float32", "family": "fma",
+                                 "status": "ok", "ms": 3.0, "times_ms": [3.0]}}}
+    summarize_entry(entry, {"fma": {"gflops": 2500.0}})
+    assert entry["fma_peak_fraction"] == pytest.approx(0.8)
+    assert entry["peak_fraction"] == pytest.approx(0.6) and entry["fma_fraction"] == 0.75

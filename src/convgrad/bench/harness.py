@@ -492,6 +492,13 @@ def summarize_entry(entry: dict, ceilings: dict) -> None:
             # the same bytes moved by a plain copy in the same rotation, after the same pause
             entry["copy_ms"] = copy[0]
             entry["copy_fraction"] = copy[0] / cg[best]
+        fma = [t for n, t in timed.items() if parties[n].get("family") == "fma"]
+        if fma:
+            # the row's FLOPs as nothing but FMAs, in the same rotation after the same pause
+            entry["fma_ms"] = fma[0]
+            entry["fma_fraction"] = fma[0] / cg[best]
+            entry["fma_peak_fraction"] = (entry["flops"] / (fma[0] / 1e3) / 1e9 / peak
+                                          if peak else None)
     if fastest:
         entry["fastest_peer_gflops"] = entry["flops"] / (peers[fastest] / 1e3) / 1e9
         entry["peer_peak_fraction"] = entry["fastest_peer_gflops"] / peak if peak else None

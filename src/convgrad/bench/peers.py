@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 OPS = ("wgrad", "dgrad")
-FAMILIES = ("convgrad", "torch", "tensorflow", "jax", "openvino", "onnxruntime", "copy")
+FAMILIES = ("convgrad", "torch", "tensorflow", "jax", "openvino", "onnxruntime", "copy", "fma")
 
 
 class Unsupported(Exception):
@@ -565,6 +565,34 @@ class CopyParty(Party):
                         to_canonical=lambda r: r, info={"inputs": (src,)})
 
 
+class FmaParty(Party):
+    """Not a convolution: a dense row's FLOPs as nothing but the engine's FMA loop on the
+    run's threads, in one engine section through the least Python a call takes, timed in
+    the same rotation after the same pause.  What the machine gives a call of that many
+    FLOPs in the run's state -- the ceiling "% peak" (quoted against the back-to-back
+    FMA loop) can reach there, before any data is moved.  Dense rows only (groups = 1);
+    not checked."""
+
+    name = "fma"
+    family = "fma"
+    is_peer = False
+    checked = False
+
+    def __init__(self, threads: int = 2):
+        self.threads = threads
+
+    def available(self) -> str | None:
+        from ..kernels import native
+        return native.available()
+
+    def prepare(self, layer, op, inputs):
+        if layer.groups != 1:
+            raise Unsupported("the FMA ceiling is timed on dense rows (groups = 1) only")
+        from ..kernels import native
+        go, flops = native.fma_runner(layer.flops, self.threads)
+        return Prepared(run=go, to_canonical=lambda r: r, info={"flops": flops})
+
+
 def configure_threads(threads: int, families=FAMILIES) -> dict:
     """Set the thread count of every framework of ``families`` to ``threads``;
     returns what was set.
@@ -663,6 +691,8 @@ def default_parties(families=None, dtypes=("float32",), threads: int = 2,
     out = interleaved(ours, out) if order == "interleaved" else ours + out
     if "copy" in fams:
         out.append(CopyParty(threads))
+    if "fma" in fams:
+        out.append(FmaParty(threads))
     return out
 
 

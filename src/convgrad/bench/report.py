@@ -39,7 +39,7 @@ def _columns(record: dict) -> list[str]:
     names = record["parties"]
     cg = [n for n in names if n.startswith("convgrad") and n.count(" ") == 1]
     peers = [n for n in PEER_COLUMNS if n in names]
-    others = [n for n in names if n not in cg and n not in peers and n != "copy"
+    others = [n for n in names if n not in cg and n not in peers and n not in ("copy", "fma")
               and not (n.startswith("convgrad") and n.count(" ") > 1)]
     return cg + peers + others
 
@@ -144,6 +144,22 @@ def markdown(record: dict) -> str:
                 _pct(e.get("peer_peak_fraction"))]
         lines.append("| " + " | ".join(row) + " |")
 
+    ceiling = [e for e in record["results"] if "fma_ms" in e]
+    if ceiling:
+        lines += ["", "## Dense rows: the FMA ceiling after the pause", "",
+                  "FMA-only ms: the row's FLOPs as nothing but the engine's FMA loop on the "
+                  "run's threads (one engine section, the least Python a call takes), timed "
+                  "in the row's rotation after the same pause: what the machine gives a call "
+                  "of that many FLOPs in the run's state.  % peak as in the main table (of "
+                  "the back-to-back FMA peak); % of the ceiling: FMA-only ms / convgrad ms.",
+                  "", "| layer | op | GFLOP | convgrad ms | % peak | FMA-only ms | "
+                  "FMA-only % peak | % of the ceiling |", "|---|---|--:|--:|--:|--:|--:|--:|"]
+        for e in ceiling:
+            lines.append(f"| {e['layer']} | {e['op']} | {e['flops'] / 1e9:.2f} | "
+                         f"{_f(e.get('convgrad_ms'), '.2f')} | {_pct(e.get('peak_fraction'))}"
+                         f" | {e['fma_ms']:.2f} | {_pct(e.get('fma_peak_fraction'))}"
+                         f" | {_pct(e.get('fma_fraction'))} |")
+
     dw = [e for e in record["results"] if e["depthwise"]]
     if dw:
         lines += ["", "## Depthwise layers: memory-bound", "",
@@ -219,6 +235,8 @@ def markdown(record: dict) -> str:
     notes, no_op = [], set()
     for e in record["results"]:
         for n, r in e["parties"].items():
+            if r.get("status") == "unsupported" and r.get("family") in ("copy", "fma"):
+                continue  # the pseudo-parties are timed on some rows only: no refusal
             if r.get("status") == "unsupported" and r.get("error", "").endswith(" op"):
                 no_op.add(r["error"])  # the party has no such op at all: said once below
             elif r.get("status") in ("unsupported", "failed", "error") and r.get("error"):

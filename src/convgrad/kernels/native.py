@@ -275,6 +275,7 @@ class Engine:
                 ("cg_store_vectors", None, [vp, i64, vp, i64]),
                 ("cg_load_vectors", None, [vp, vp, i64, i64]),
                 ("cg_fma_loop_flops", i64, []),
+                ("cg_fma_task", None, [i64]),
                 ("cg_run_tasks", None, [vp, i64, i64, vp, i64]),
                 ("cg_pool_workers", i64, []),
                 ("cg_pool_wake", None, [i64]),
@@ -441,6 +442,21 @@ def fma_peak(threads: int | None = None, seconds: float = 0.2, repeat: int = 5) 
         rates.append(threads * iters * per_iter / (time.perf_counter() - t0) / 1e9)
     return {"gflops": statistics.median(rates), "threads": threads, "isa": eng.isa,
             "runs": rates}
+
+
+def fma_runner(flops: int, threads: int):
+    """A function that does about ``flops`` floating-point operations as nothing but the
+    engine's FMA loop, one task on each of ``threads`` threads in one engine section
+    (bound: the least Python a call into the engine takes), and the FLOPs it does
+    (``flops`` rounded up to whole loop iterations on every thread)."""
+    from . import _bound
+    lib = engine().lib
+    threads = max(1, threads)
+    per_iter = int(lib.cg_fma_loop_flops())
+    iters = max(1, -(-flops // (per_iter * threads)))
+    go = _bound.runner(lib, _bound.task_table(lib, "cg_fma_task", [(iters,)] * threads),
+                       threads)
+    return go, iters * per_iter * threads
 
 
 def supports(geom: ConvGeometry, dtype) -> str | None:

@@ -1643,6 +1643,13 @@ float cg_fma_loop(int64_t iters) {
 
 int64_t cg_fma_loop_flops(void) { return 2 * VL * ACC; }
 
+// cg_fma_loop as a task of the engine's threads (pool.cpp calls void functions): the
+// benchmark's FMA ceiling, a row's FLOPs as nothing but FMAs after the same pause.
+void cg_fma_task(int64_t iters) {
+    static volatile float sink;
+    sink = cg_fma_loop(iters);
+}
+
 // n values of dtype (float32, float16, bfloat16) converted to floats.
 void cg_load_floats(float* dst, const void* src, int64_t dtype, int64_t n) {
     convert_run(dst, src, dtype, 1, n);
