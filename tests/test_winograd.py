@@ -1283,3 +1283,55 @@ def test_16bit_weight_gradients_are_stored_in_their_dtype(isa, dtype, r, c, o, s
         np.testing.assert_array_equal(f, got)
     assert front[3].dtype == dtype                  # (a bound call's NaN: the direct engine)
     np.testing.assert_array_equal(np.isnan(front[3]), np.isnan(nan))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("r,c,o,size,sums,stream", [
+    (2, 24, 32, (7, 7), "fused", True), (2, 96, 96, (30, 30), "parts", True),
+    (3, 19, 32, (3, 6, 5), "boxes", True), (2, 24, 40, (7, 7), "fused", False)],
+    ids=["2d-fused", "2d-parts", "3d-boxes", "unaligned-rows"])
+def test_weight_gradients_stream_into_recycled_memory(isa, r, c, o, size, sums, stream, rng,
+                                                      monkeypatch):
+    """A large float32 (*K, C/G, O) Winograd weight gradient in recycled memory, its rows
+    64-byte aligned, takes streaming stores in the finish step (``WGRAD_STREAM``): the
+    same bits as plain stores (engine debug bit 2048) whether each task finishes its
+    register tiles (fused), its box of sums or the partial sums' rows, equal to the
+    direct engine's result; a fresh result and 40 output channels (160-byte rows) keep
+    plain stores."""
+    from convgrad.kernels import _results
+    decided = recycled_results_and_decisions(monkeypatch, _results, "streams")
+    monkeypatch.setattr(winograd, "WGRAD_STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(winograd, "PARTIALS_BYTES", 0 if sums != "parts" else 2**30)
+    if sums == "fused":
+        monkeypatch.setattr(winograd, "WGRAD_BOX_BYTES", 2**15)
+    if sums == "boxes":
+        monkeypatch.setattr(winograd, "WGRAD_FUSED", False)
+    case = geometry(r, n=2, c=c, o=o, size=size, d=1 if r == 3 else 2)
+    geom = make_geometry("t", **case)
+    x, _w, dy = make_arrays(case, rng, np.float32, True)
+    xv, dyv = np.moveaxis(x, 1, -1), np.moveaxis(dy, 1, -1)
+    outs = []
+    with convgrad.config(isa=isa):
+        eng = native.engine()
+        winograd.wgrad_plan.cache_clear()
+        plan = winograd.wgrad_plan(geom, eng.vl, winograd.tile_size(geom, "wgrad"),
+                                   winograd._wgrad_budgets())
+        assert (winograd._fused(plan), bool(plan.parts)) == {
+            "fused": (True, False), "parts": (False, True), "boxes": (False, False)}[sums]
+        _results.clear()
+        decided.clear()
+        try:
+            for bit in (0, 0, 2048, 0):
+                eng.lib.cg_engine_set_dbg(bit)
+                out = winograd.wgrad(xv, dyv, geom)
+                outs.append(out.copy())
+                del out                     # (its memory back to the pool)
+        finally:
+            eng.lib.cg_engine_set_dbg(0)
+        seen = list(decided)
+        direct = native.wgrad(xv, dyv, geom)
+    winograd.wgrad_plan.cache_clear()
+    assert seen == [False, stream, stream, stream]
+    for out in outs:
+        np.testing.assert_array_equal(out, outs[0])
+    assert_close(outs[0], direct, np.float32)

@@ -141,13 +141,15 @@ def recycled(a: np.ndarray) -> bool:
 STREAM_MIN_BYTES = 4 * 2**20
 
 
-def streams(a: np.ndarray) -> bool:
+def streams(a: np.ndarray, min_bytes: int | None = None) -> bool:
     """Whether a kernel may write ``a`` with streaming stores (which skip reading each
     cache line before it is written, and leave it out of the caches): a large result
     (beyond what the caches would keep of it) in recycled memory (:func:`recycled`),
     its base and every stride but the last a multiple of 64 bytes.  The kernels
-    stream only stores that fill whole cache lines."""
-    return (a.nbytes >= STREAM_MIN_BYTES and recycled(a) and address(a) % 64 == 0
+    stream only stores that fill whole cache lines.  ``min_bytes``: another size from which
+    on (default ``STREAM_MIN_BYTES``)."""
+    least = STREAM_MIN_BYTES if min_bytes is None else min_bytes
+    return (a.nbytes >= least and recycled(a) and address(a) % 64 == 0
             and all(s % 64 == 0 for s in a.strides[:-1]))
 
 

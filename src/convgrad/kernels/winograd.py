@@ -137,7 +137,7 @@ class _Wino(ctypes.Structure):
 class _WinoWgrad(ctypes.Structure):
     _fields_ = [("x", _Source), ("dy", _Source), ("groups", _I64), ("tg", _TileGeom),
                 ("cpad", _I64), ("nv", _I64), ("items", _VP), ("bad", _VP), ("oix", _I64),
-                ("out_dtype", _I64)]
+                ("out_dtype", _I64), ("stream", _I64)]
 
 
 def _lib(eng: native.Engine):
@@ -903,10 +903,15 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout
             lib, "cg_wino_wgrad_finish_rows", [(pp, fin.ctypes.data, lo, hi) for lo, hi in cuts]),
             ft)
     empty, thread_scratch, address = _results.empty, _pool.thread_scratch, _bound.address
+    # (a float32 (*K, C/G, O) result of this size may be streamed: WgradFinish)
+    least = WGRAD_STREAM_MIN_BYTES
+    may_stream = not oix and dtype == np.float32 and WGRAD_STREAM and 4 * math.prod(shape) >= least
+    streams = _results.streams
 
     def run(x, dy):
         dw = empty(alloc_shape, dtype)
         at = address(dw)
+        prob.stream = may_stream and streams(dw, least)
         dy_read = contiguous(dy) if dy_once else dy
         prob.x.t.ptr, prob.dy.t.ptr = address(x), address(dy_read)
         table[:, 10] = at
@@ -1125,6 +1130,10 @@ WGRAD_OIX = True
 # A float16 / bfloat16 caller's (*K, C/G, O) result stored in its dtype by the finish step
 # (2026-11-27; False: float32, rounded by the front-end afterwards, for A/B).
 WGRAD_16BIT_RESULT = True
+# A large float32 (*K, C/G, O) result written with streaming stores by the finish step
+# (2026-11-27; False: plain stores, for A/B).
+WGRAD_STREAM = True
+WGRAD_STREAM_MIN_BYTES = 2 * 2**20
 
 
 def _fused(plan: WgradPlan) -> bool:

@@ -457,6 +457,8 @@ struct WinoWgrad {
                                // a channels-first caller), not (*K, C/G, O)
     int64_t out_dtype;         // dw's dtype: float32, or (not oix) float16 / bfloat16,
                                // each finished float32 value rounded once as it is stored
+    int64_t stream;            // a float32 (*K, C/G, O) dw may take streaming stores
+                               // (_results.streams: large, in recycled memory, aligned)
 };
 
 int64_t cg_wino_points(int64_t axes, int64_t m) { return axes == 2 ? (m + 2) * (m + 2) : m + 2; }
@@ -1620,6 +1622,12 @@ struct WgradFinish {
         const int64_t taps = KH * 3;
         vf all = zero();                 // the sum of the values stored: not finite if one is
         const int64_t dt = P->out_dtype, es = dt == F32 ? 4 : 2;
+        // A large float32 dw is written with streaming stores where a vector fills a
+        // cache line: its lines are not read before they are written (9 rows a vector
+        // of channels, a tap's rows C/G * O floats apart), nor kept in the caches.
+        // ResNet-50 res5 (9.4 MB of dw), after the benchmark's pause: see docs/kernels.md.
+        // Engine debug bit 2048 (Winograd streaming stores): off.
+        const bool nt = P->stream && dt == F32 && !(cg_engine_dbg & 2048);
         for (int64_t r = lo; r < hi; r++) {
             const int64_t gi = r / box->nc, c = box->c0 + r % box->nc, g = box->g0 + gi;
             if (c >= cg_) continue;
@@ -1639,7 +1647,9 @@ struct WgradFinish {
                                 all += load_n(part, nc);
                                 continue;
                             }
-                            if (dt == F32) store(dw + at, res[th][tw]);
+                            if (nt && ((uintptr_t)(dw + at) & (VL * sizeof(float) - 1)) == 0)
+                                stream_store(dw + at, res[th][tw]);
+                            else if (dt == F32) store(dw + at, res[th][tw]);
                             else if (dt == F16) store_as<F16>((uint16_t*)dw + at, res[th][tw]);
                             else store_as<BF16>((uint16_t*)dw + at, res[th][tw]);
                             all += res[th][tw];
@@ -1647,6 +1657,7 @@ struct WgradFinish {
                 }
             }
         }
+        if (nt) stream_fence();
         // (a sum of finite values may overflow: a false alarm only costs the recomputation)
         if (!finite_all(all)) __atomic_store_n(P->bad, (int64_t)1, __ATOMIC_RELAXED);
     }
