@@ -1286,20 +1286,23 @@ def test_16bit_weight_gradients_are_stored_in_their_dtype(isa, dtype, r, c, o, s
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("r,c,o,size,sums,stream", [
-    (2, 24, 32, (7, 7), "fused", True), (2, 96, 96, (30, 30), "parts", True),
-    (3, 19, 32, (3, 6, 5), "boxes", True), (2, 24, 40, (7, 7), "fused", False)],
-    ids=["2d-fused", "2d-parts", "3d-boxes", "unaligned-rows"])
-def test_weight_gradients_stream_into_recycled_memory(isa, r, c, o, size, sums, stream, rng,
-                                                      monkeypatch):
-    """A large float32 (*K, C/G, O) Winograd weight gradient in recycled memory, its rows
-    64-byte aligned, takes streaming stores in the finish step (``WGRAD_STREAM``): the
-    same bits as plain stores (engine debug bit 2048) whether each task finishes its
-    register tiles (fused), its box of sums or the partial sums' rows, equal to the
-    direct engine's result; a fresh result and 40 output channels (160-byte rows) keep
-    plain stores."""
+@pytest.mark.parametrize("r,c,o,size,sums,stream,layout", [
+    (2, 24, 32, (7, 7), "fused", True, None), (2, 96, 96, (30, 30), "parts", True, None),
+    (3, 19, 32, (3, 6, 5), "boxes", True, None), (2, 24, 40, (7, 7), "fused", False, None),
+    (2, 24, 32, (7, 7), "fused", True, "ncx"), (2, 24, 40, (7, 7), "fused", True, "ncx")],
+    ids=["2d-fused", "2d-parts", "3d-boxes", "unaligned-rows", "oix", "oix-odd-runs"])
+def test_weight_gradients_stream_into_recycled_memory(isa, r, c, o, size, sums, stream, layout,
+                                                      rng, monkeypatch):
+    """A large float32 Winograd weight gradient in recycled memory takes streaming stores
+    in the finish step (``WGRAD_STREAM``): a (*K, C/G, O) result with 64-byte aligned rows
+    every whole vector, an OIX one (a channels-first caller's memory) the whole cache
+    lines of each channel run; the same bits as plain stores (engine debug bit 2048)
+    whether each task finishes its register tiles (fused), its box of sums or the
+    partial sums' rows, equal to the direct engine's result; a fresh result and a
+    (*K, C/G, O) one of 40 output channels (160-byte rows) keep plain stores."""
     from convgrad.kernels import _results
-    decided = recycled_results_and_decisions(monkeypatch, _results, "streams")
+    decided = recycled_results_and_decisions(monkeypatch, _results,
+                                             "streams_runs" if layout else "streams")
     monkeypatch.setattr(winograd, "WGRAD_STREAM_MIN_BYTES", 0)
     monkeypatch.setattr(winograd, "PARTIALS_BYTES", 0 if sums != "parts" else 2**30)
     if sums == "fused":
@@ -1318,12 +1321,13 @@ def test_weight_gradients_stream_into_recycled_memory(isa, r, c, o, size, sums, 
                                    winograd._wgrad_budgets())
         assert (winograd._fused(plan), bool(plan.parts)) == {
             "fused": (True, False), "parts": (False, True), "boxes": (False, False)}[sums]
+        assert winograd._writes_oix(plan, layout) == (layout is not None)
         _results.clear()
         decided.clear()
         try:
             for bit in (0, 0, 2048, 0):
                 eng.lib.cg_engine_set_dbg(bit)
-                out = winograd.wgrad(xv, dyv, geom)
+                out = winograd.wgrad(xv, dyv, geom, result_layout=layout)
                 outs.append(out.copy())
                 del out                     # (its memory back to the pool)
         finally:

@@ -166,6 +166,14 @@ def clear() -> None:
         _idle_bytes = 0
 
 
+def streams_runs(a: np.ndarray, min_bytes: int | None = None) -> bool:
+    """Whether a kernel that writes ``a`` in runs may stream the whole cache lines of
+    each run (the rest with plain stores): a large result in recycled memory
+    (:func:`recycled`), its base 64-byte aligned; ``min_bytes`` as in :func:`streams`."""
+    least = STREAM_MIN_BYTES if min_bytes is None else min_bytes
+    return a.nbytes >= least and recycled(a) and address(a) % 64 == 0
+
+
 def streams_channels(a: np.ndarray) -> bool:
     """Whether a channels-first float32 result (an (N, *S, C) view whose channels are
     the outermost axis after N) may take streaming stores for whole cache lines of a

@@ -504,15 +504,6 @@ void store_pixels(char* dst, int64_t dtype, int64_t pstride, int64_t cstride, co
     }
 }
 
-// n floats from src to dst: the whole vector-aligned middle with streaming stores
-// (cache lines written whole, never read first), the ends with plain ones.
-void stream_run(float* dst, const float* src, int64_t n) {
-    int64_t i = 0;
-    while (i < n && ((uintptr_t)(dst + i) & (VL * 4 - 1))) dst[i] = src[i], i++;
-    for (; i + VL <= n; i += VL) stream_store(dst + i, load(src + i));
-    for (; i < n; i++) dst[i] = src[i];
-}
-
 #if CG_VL == 16
 // stream_run for pixels of 8 lanes in buffer rows of VL = 16 floats: the 8 floats of n
 // pixels to dst, back to back; pairs of pixels as one vector with streaming stores (the

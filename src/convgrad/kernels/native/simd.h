@@ -87,6 +87,15 @@ static inline void stream_fence() {
 #endif
 }
 
+// n floats from src to dst: the whole vector-aligned middle with streaming stores
+// (cache lines written whole, never read first), the ends with plain ones.
+static inline void stream_run(float* dst, const float* src, int64_t n) {
+    int64_t i = 0;
+    while (i < n && ((uintptr_t)(dst + i) & (VL * 4 - 1))) dst[i] = src[i], i++;
+    for (; i + VL <= n; i += VL) stream_store(dst + i, load(src + i));
+    for (; i < n; i++) dst[i] = src[i];
+}
+
 // The first n (< VL) lanes from p; the others are zero.  Never reads past p + n.
 static inline vf load_n(const float* p, int n) {
 #if defined(CG_EMULATE_VL16)

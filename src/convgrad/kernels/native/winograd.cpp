@@ -457,8 +457,9 @@ struct WinoWgrad {
                                // a channels-first caller), not (*K, C/G, O)
     int64_t out_dtype;         // dw's dtype: float32, or (not oix) float16 / bfloat16,
                                // each finished float32 value rounded once as it is stored
-    int64_t stream;            // a float32 (*K, C/G, O) dw may take streaming stores
-                               // (_results.streams: large, in recycled memory, aligned)
+    int64_t stream;            // a float32 dw may take streaming stores (large, in
+                               // recycled memory, aligned: _results.streams for
+                               // (*K, C/G, O) rows, streams_runs for OIX)
 };
 
 int64_t cg_wino_points(int64_t axes, int64_t m) { return axes == 2 ? (m + 2) * (m + 2) : m + 2; }
@@ -1596,9 +1597,14 @@ void finish_tile_oix(const WinoWgrad* P, const float* Mbuf, int64_t g, int64_t c
                     for (int t = 0; t < NT; t++) d[j * rowsT + t] = tmp[t][j];
             }
         }
-    for (int64_t o = o0; o < o1; o++)
-        std::memcpy(dw + ((g * og + o) * cg_ + c0) * T, tb + (o - o0) * rowsT,
-                    (size_t)rowsT * sizeof(float));
+    // (a large result streams the whole cache lines of each run: see WgradFinish)
+    const bool nt = P->stream && !(cg_engine_dbg & 2048);
+    for (int64_t o = o0; o < o1; o++) {
+        float* dst = dw + ((g * og + o) * cg_ + c0) * T;
+        if (nt) stream_run(dst, tb + (o - o0) * rowsT, rowsT);
+        else std::memcpy(dst, tb + (o - o0) * rowsT, (size_t)rowsT * sizeof(float));
+    }
+    if (nt) stream_fence();
     if (!finite_all(all)) __atomic_store_n(P->bad, (int64_t)1, __ATOMIC_RELAXED);
 }
 
