@@ -743,6 +743,43 @@ def test_permuted_copies_are_exact(isa, dtype, rng):
     assert native.permuted_copy(np.zeros((300, 200), dtype)[::2].T) is None
 
 
+def test_permuted_copies_are_planned_once_per_view(rng):
+    """A view's copy is planned once per shape, strides, dtype, build and thread count
+    and then only patches its addresses: new arrays of a planned layout, one thread and
+    three, float16, and four Python threads copying arrays of one layout at once (one
+    runs the kept plan, the others plan their own) all come back bitwise equal to
+    NumPy's copy."""
+    import threading
+    native._PERMUTES.clear()
+    arrays = [rng.standard_normal((4, 96, 9, 11)).astype(np.float32) for _ in range(6)]
+    for threads in (1, 3, 1):
+        for a in arrays[:3]:
+            v = np.moveaxis(a, 1, -1)
+            with convgrad.config(threads=threads):
+                got = native.permuted_copy(v)
+            assert got.tobytes() == np.ascontiguousarray(v).tobytes()
+    assert len(native._PERMUTES) == 2
+    h = np.moveaxis(arrays[3].astype(np.float16), 1, -1)
+    assert native.permuted_copy(h).tobytes() == np.ascontiguousarray(h).tobytes()
+    assert len(native._PERMUTES) == 3
+    got, errors = {}, []
+
+    def copy(k):
+        try:
+            for _ in range(20):
+                got[k] = native.permuted_copy(np.moveaxis(arrays[k], 1, -1))
+                assert got[k].tobytes() == np.ascontiguousarray(
+                    np.moveaxis(arrays[k], 1, -1)).tobytes()
+        except AssertionError as exc:       # pragma: no cover - reported below
+            errors.append(exc)
+    workers = [threading.Thread(target=copy, args=(k,)) for k in range(2, 6)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert not errors and len(got) == 4
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_weight_gradients_come_back_in_the_callers_layout(isa, rng):
     """A channels-first (OIX) weight gradient large enough for the blocked
