@@ -1286,20 +1286,28 @@ def test_16bit_weight_gradients_are_stored_in_their_dtype(isa, dtype, r, c, o, s
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("r,c,o,size,sums,stream,layout", [
-    (2, 24, 32, (7, 7), "fused", True, None), (2, 96, 96, (30, 30), "parts", True, None),
-    (3, 19, 32, (3, 6, 5), "boxes", True, None), (2, 24, 40, (7, 7), "fused", False, None),
-    (2, 24, 32, (7, 7), "fused", True, "ncx"), (2, 24, 40, (7, 7), "fused", True, "ncx")],
-    ids=["2d-fused", "2d-parts", "3d-boxes", "unaligned-rows", "oix", "oix-odd-runs"])
+@pytest.mark.parametrize("r,c,o,size,sums,stream,layout,dtype", [
+    (2, 24, 32, (7, 7), "fused", True, None, np.float32),
+    (2, 96, 96, (30, 30), "parts", True, None, np.float32),
+    (3, 19, 32, (3, 6, 5), "boxes", True, None, np.float32),
+    (2, 24, 40, (7, 7), "fused", False, None, np.float32),
+    (2, 24, 32, (7, 7), "fused", True, "ncx", np.float32),
+    (2, 24, 40, (7, 7), "fused", True, "ncx", np.float32),
+    (2, 24, 32, (7, 7), "fused", True, None, np.float16),
+    (2, 96, 96, (30, 30), "parts", True, None, bfloat16),
+    (2, 24, 40, (7, 7), "fused", False, None, np.float16)],
+    ids=["2d-fused", "2d-parts", "3d-boxes", "unaligned-rows", "oix", "oix-odd-runs",
+         "f16-fused", "bf16-parts", "f16-unaligned-rows"])
 def test_weight_gradients_stream_into_recycled_memory(isa, r, c, o, size, sums, stream, layout,
-                                                      rng, monkeypatch):
-    """A large float32 Winograd weight gradient in recycled memory takes streaming stores
-    in the finish step (``WGRAD_STREAM``): a (*K, C/G, O) result with 64-byte aligned rows
-    every whole vector, an OIX one (a channels-first caller's memory) the whole cache
-    lines of each channel run; the same bits as plain stores (engine debug bit 2048)
-    whether each task finishes its register tiles (fused), its box of sums or the
-    partial sums' rows, equal to the direct engine's result; a fresh result and a
-    (*K, C/G, O) one of 40 output channels (160-byte rows) keep plain stores."""
+                                                      dtype, rng, monkeypatch):
+    """A large Winograd weight gradient in recycled memory takes streaming stores in the
+    finish step (``WGRAD_STREAM``): a (*K, C/G, O) result with 64-byte aligned rows every
+    whole vector (float16 / bfloat16: two streamed halves of a cache line), an OIX one (a
+    channels-first caller's float32 memory) the whole cache lines of each channel run;
+    the same bits as plain stores (engine debug bit 2048) whether each task finishes its
+    register tiles (fused), its box of sums or the partial sums' rows, equal to the
+    direct engine's result; a fresh result and a (*K, C/G, O) one of 40 output channels
+    (160- or 80-byte rows) keep plain stores."""
     from convgrad.kernels import _results
     decided = recycled_results_and_decisions(monkeypatch, _results,
                                              "streams_runs" if layout else "streams")
@@ -1311,8 +1319,9 @@ def test_weight_gradients_stream_into_recycled_memory(isa, r, c, o, size, sums, 
         monkeypatch.setattr(winograd, "WGRAD_FUSED", False)
     case = geometry(r, n=2, c=c, o=o, size=size, d=1 if r == 3 else 2)
     geom = make_geometry("t", **case)
-    x, _w, dy = make_arrays(case, rng, np.float32, True)
+    x, _w, dy = make_arrays(case, rng, dtype, True)
     xv, dyv = np.moveaxis(x, 1, -1), np.moveaxis(dy, 1, -1)
+    half = None if dtype == np.float32 else dtype
     outs = []
     with convgrad.config(isa=isa):
         eng = native.engine()
@@ -1327,7 +1336,7 @@ def test_weight_gradients_stream_into_recycled_memory(isa, r, c, o, size, sums, 
         try:
             for bit in (0, 0, 2048, 0):
                 eng.lib.cg_engine_set_dbg(bit)
-                out = winograd.wgrad(xv, dyv, geom, result_layout=layout)
+                out = winograd.wgrad(xv, dyv, geom, result_layout=layout, out_dtype=half)
                 outs.append(out.copy())
                 del out                     # (its memory back to the pool)
         finally:
@@ -1337,5 +1346,6 @@ def test_weight_gradients_stream_into_recycled_memory(isa, r, c, o, size, sums, 
     winograd.wgrad_plan.cache_clear()
     assert seen == [False, stream, stream, stream]
     for out in outs:
+        assert out.dtype == dtype
         np.testing.assert_array_equal(out, outs[0])
-    assert_close(outs[0], direct, np.float32)
+    assert_close(outs[0].astype(np.float32), direct, dtype)

@@ -903,9 +903,9 @@ def _bind_wgrad(x: np.ndarray, dy: np.ndarray, geom: ConvGeometry, result_layout
             lib, "cg_wino_wgrad_finish_rows", [(pp, fin.ctypes.data, lo, hi) for lo, hi in cuts]),
             ft)
     empty, thread_scratch, address = _results.empty, _pool.thread_scratch, _bound.address
-    # (a float32 result of this size may be streamed: WgradFinish, finish_tile_oix)
+    # (a result of this size may be streamed: WgradFinish, finish_tile_oix)
     least = WGRAD_STREAM_MIN_BYTES
-    may_stream = dtype == np.float32 and WGRAD_STREAM and 4 * math.prod(shape) >= least
+    may_stream = WGRAD_STREAM and dtype.itemsize * math.prod(shape) >= least
     streams = _results.streams_runs if oix else _results.streams
 
     def run(x, dy):
@@ -1130,8 +1130,8 @@ WGRAD_OIX = True
 # A float16 / bfloat16 caller's (*K, C/G, O) result stored in its dtype by the finish step
 # (2026-11-27; False: float32, rounded by the front-end afterwards, for A/B).
 WGRAD_16BIT_RESULT = True
-# A large float32 result written with streaming stores by the finish step (2026-11-27;
-# False: plain stores, for A/B).
+# A large result written with streaming stores by the finish step (2026-11-27; False:
+# plain stores, for A/B).
 WGRAD_STREAM = True
 WGRAD_STREAM_MIN_BYTES = 2 * 2**20
 

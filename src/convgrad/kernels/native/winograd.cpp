@@ -457,7 +457,7 @@ struct WinoWgrad {
                                // a channels-first caller), not (*K, C/G, O)
     int64_t out_dtype;         // dw's dtype: float32, or (not oix) float16 / bfloat16,
                                // each finished float32 value rounded once as it is stored
-    int64_t stream;            // a float32 dw may take streaming stores (large, in
+    int64_t stream;            // dw may take streaming stores (large, in
                                // recycled memory, aligned: _results.streams for
                                // (*K, C/G, O) rows, streams_runs for OIX)
 };
@@ -1628,12 +1628,13 @@ struct WgradFinish {
         const int64_t taps = KH * 3;
         vf all = zero();                 // the sum of the values stored: not finite if one is
         const int64_t dt = P->out_dtype, es = dt == F32 ? 4 : 2;
-        // A large float32 dw is written with streaming stores where a vector fills a
-        // cache line: its lines are not read before they are written (9 rows a vector
-        // of channels, a tap's rows C/G * O floats apart), nor kept in the caches.
-        // ResNet-50 res5 (9.4 MB of dw), after the benchmark's pause: see docs/kernels.md.
-        // Engine debug bit 2048 (Winograd streaming stores): off.
-        const bool nt = P->stream && dt == F32 && !(cg_engine_dbg & 2048);
+        // A large dw is written with streaming stores, whole vectors at aligned
+        // addresses (a 16-bit one's two halves of a cache line one after the other):
+        // its lines are not read before they are written (9 rows a vector of channels,
+        // a tap's rows C/G * O values apart), nor kept in the caches.  ResNet-50 res5
+        // (9.4 MB of dw), after the benchmark's pause: see docs/kernels.md.  Engine
+        // debug bit 2048 (Winograd streaming stores): off.
+        const bool nt = P->stream && !(cg_engine_dbg & 2048);
         for (int64_t r = lo; r < hi; r++) {
             const int64_t gi = r / box->nc, c = box->c0 + r % box->nc, g = box->g0 + gi;
             if (c >= cg_) continue;
@@ -1653,11 +1654,18 @@ struct WgradFinish {
                                 all += load_n(part, nc);
                                 continue;
                             }
-                            if (nt && ((uintptr_t)(dw + at) & (VL * sizeof(float) - 1)) == 0)
-                                stream_store(dw + at, res[th][tw]);
-                            else if (dt == F32) store(dw + at, res[th][tw]);
-                            else if (dt == F16) store_as<F16>((uint16_t*)dw + at, res[th][tw]);
-                            else store_as<BF16>((uint16_t*)dw + at, res[th][tw]);
+                            char* const d = (char*)dw + es * at;
+                            if (nt && ((uintptr_t)d & (VL * es - 1)) == 0) {
+                                if (dt == F32) stream_store((float*)d, res[th][tw]);
+                                else if (dt == F16) store_as<F16, true>((uint16_t*)d, res[th][tw]);
+                                else store_as<BF16, true>((uint16_t*)d, res[th][tw]);
+                            } else if (dt == F32) {
+                                store((float*)d, res[th][tw]);
+                            } else if (dt == F16) {
+                                store_as<F16>((uint16_t*)d, res[th][tw]);
+                            } else {
+                                store_as<BF16>((uint16_t*)d, res[th][tw]);
+                            }
                             all += res[th][tw];
                         }
                 }
