@@ -535,15 +535,11 @@ class OnnxRuntimeParty(Party):
 # Threads and the set of parties
 
 
-class CopyParty(Party):
-    """Not a convolution: a copy of as many bytes as a memory-bound (depthwise) row must
-    read and write -- half of them read, half written -- on the engine's threads, timed
-    in the same rotation as the parties: what moving those bytes takes in the run's
-    state (after the same pause, its buffers idle as long as every party's arrays).
-    Depthwise rows only; its result is not a convolution, so it is not checked."""
+class _EngineMeasure(Party):
+    """A pseudo-party: not a convolution but a measure of the machine on the native
+    engine's ``threads`` threads, timed in the same rotation as the parties; neither a
+    peer nor convgrad, and its result is not checked."""
 
-    name = "copy"
-    family = "copy"
     is_peer = False
     checked = False
 
@@ -553,6 +549,16 @@ class CopyParty(Party):
     def available(self) -> str | None:
         from ..kernels import native
         return native.available()
+
+
+class CopyParty(_EngineMeasure):
+    """A copy of as many bytes as a memory-bound (depthwise) row must read and write --
+    half of them read, half written -- on the engine's threads: what moving those bytes
+    takes in the run's state (after the same pause, its buffers idle as long as every
+    party's arrays).  Depthwise rows only."""
+
+    name = "copy"
+    family = "copy"
 
     def prepare(self, layer, op, inputs):
         if not layer.depthwise:
@@ -565,25 +571,15 @@ class CopyParty(Party):
                         to_canonical=lambda r: r, info={"inputs": (src,)})
 
 
-class FmaParty(Party):
-    """Not a convolution: a dense row's FLOPs as nothing but the engine's FMA loop on the
-    run's threads, in one engine section through the least Python a call takes, timed in
-    the same rotation after the same pause.  What the machine gives a call of that many
-    FLOPs in the run's state -- the ceiling "% peak" (quoted against the back-to-back
-    FMA loop) can reach there, before any data is moved.  Dense rows only (groups = 1);
-    not checked."""
+class FmaParty(_EngineMeasure):
+    """A dense row's FLOPs as nothing but the engine's FMA loop on the run's threads, in
+    one engine section through the least Python a call takes, after the same pause:
+    what the machine gives a call of that many FLOPs in the run's state -- the ceiling
+    "% peak" (quoted against the back-to-back FMA loop) can reach there, before any data
+    is moved.  Dense rows only (groups = 1)."""
 
     name = "fma"
     family = "fma"
-    is_peer = False
-    checked = False
-
-    def __init__(self, threads: int = 2):
-        self.threads = threads
-
-    def available(self) -> str | None:
-        from ..kernels import native
-        return native.available()
 
     def prepare(self, layer, op, inputs):
         if layer.groups != 1:
