@@ -1221,6 +1221,28 @@ def test_boxed_weight_gradient_items_grow_when_a_box_outgrows_half_the_l2(rng, m
     assert tiles[2**20] >= 2 * tiles[2**30]
 
 
+def _force_wgrad_sums(monkeypatch, sums: str) -> None:
+    """Budgets that make a weight gradient's tasks finish their register tiles
+    ("fused"), their box of sums ("boxes") or the partial sums' rows ("parts")."""
+    monkeypatch.setattr(winograd, "PARTIALS_BYTES", 0 if sums != "parts" else 2**30)
+    if sums == "fused":
+        monkeypatch.setattr(winograd, "WGRAD_BOX_BYTES", 2**15)
+    if sums == "boxes":
+        monkeypatch.setattr(winograd, "WGRAD_FUSED", False)
+
+
+def _wgrad_plan_of(geom, sums: str):
+    """The current build's weight gradient plan of ``geom`` (made afresh), checked to
+    finish as ``sums`` says (:func:`_force_wgrad_sums`)."""
+    eng = native.engine()
+    winograd.wgrad_plan.cache_clear()
+    plan = winograd.wgrad_plan(geom, eng.vl, winograd.tile_size(geom, "wgrad"),
+                               winograd._wgrad_budgets())
+    assert (winograd._fused(plan), bool(plan.parts)) == {
+        "fused": (True, False), "parts": (False, True), "boxes": (False, False)}[sums]
+    return plan
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["f16", "bf16"])
 @pytest.mark.parametrize("r,c,o,size,groups,sums", [
@@ -1237,22 +1259,13 @@ def test_16bit_weight_gradients_are_stored_in_their_dtype(isa, dtype, r, c, o, s
     the front-end (an NXC / XIO caller's result); a value not finite still gives the
     direct engine's float32 result (D17), which the front-end rounds, a bound call too
     (its finish made for the 16-bit results).  An OIX result stays float32."""
-    monkeypatch.setattr(winograd, "PARTIALS_BYTES", 0 if sums != "parts" else 2**30)
-    if sums == "fused":
-        monkeypatch.setattr(winograd, "WGRAD_BOX_BYTES", 2**15)
-    if sums == "boxes":
-        monkeypatch.setattr(winograd, "WGRAD_FUSED", False)
+    _force_wgrad_sums(monkeypatch, sums)
     case = geometry(r, n=2, c=c, o=o, size=size, d=1 if r == 3 else 2, groups=groups)
     geom = make_geometry("t", **case)
     x, w, dy = make_arrays(case, rng, dtype, True)
     xv, dyv = np.moveaxis(x, 1, -1), np.moveaxis(dy, 1, -1)
     with convgrad.config(isa=isa):
-        eng = native.engine()
-        winograd.wgrad_plan.cache_clear()
-        plan = winograd.wgrad_plan(geom, eng.vl, winograd.tile_size(geom, "wgrad"),
-                                   winograd._wgrad_budgets())
-        assert (winograd._fused(plan), bool(plan.parts)) == {
-            "fused": (True, False), "parts": (False, True), "boxes": (False, False)}[sums]
+        plan = _wgrad_plan_of(geom, sums)
         f32 = winograd.wgrad(xv, dyv, geom)
         got = winograd.wgrad(xv, dyv, geom, out_dtype=dtype)
         monkeypatch.setattr(winograd, "WGRAD_16BIT_RESULT", False)
@@ -1312,11 +1325,7 @@ def test_weight_gradients_stream_into_recycled_memory(isa, r, c, o, size, sums, 
     decided = recycled_results_and_decisions(monkeypatch, _results,
                                              "streams_runs" if layout else "streams")
     monkeypatch.setattr(winograd, "WGRAD_STREAM_MIN_BYTES", 0)
-    monkeypatch.setattr(winograd, "PARTIALS_BYTES", 0 if sums != "parts" else 2**30)
-    if sums == "fused":
-        monkeypatch.setattr(winograd, "WGRAD_BOX_BYTES", 2**15)
-    if sums == "boxes":
-        monkeypatch.setattr(winograd, "WGRAD_FUSED", False)
+    _force_wgrad_sums(monkeypatch, sums)
     case = geometry(r, n=2, c=c, o=o, size=size, d=1 if r == 3 else 2)
     geom = make_geometry("t", **case)
     x, _w, dy = make_arrays(case, rng, dtype, True)
@@ -1325,11 +1334,7 @@ def test_weight_gradients_stream_into_recycled_memory(isa, r, c, o, size, sums, 
     outs = []
     with convgrad.config(isa=isa):
         eng = native.engine()
-        winograd.wgrad_plan.cache_clear()
-        plan = winograd.wgrad_plan(geom, eng.vl, winograd.tile_size(geom, "wgrad"),
-                                   winograd._wgrad_budgets())
-        assert (winograd._fused(plan), bool(plan.parts)) == {
-            "fused": (True, False), "parts": (False, True), "boxes": (False, False)}[sums]
+        plan = _wgrad_plan_of(geom, sums)
         assert winograd._writes_oix(plan, layout) == (layout is not None)
         _results.clear()
         decided.clear()
