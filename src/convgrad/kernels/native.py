@@ -1189,16 +1189,14 @@ def _bind_transposed_pointwise(kind: str, inp: np.ndarray, w: np.ndarray, out: n
     per = _pool.scratch_bytes(need)
     go = _bound.runner(lib, _bound.task_table(
         lib, "cg_pw_sample_task", [(ctypes.addressof(prob), k) for k in range(n)]), threads, per)
-    recycled, thread_scratch = _results.recycled, _pool.thread_scratch
+    streams_runs, thread_scratch = _results.streams_runs, _pool.thread_scratch
 
     def run(w, inp):
         res = alloc()
-        at = address(res)
         ta[:] = address(w) + w_off
-        np.add(ks * o_step, at + o_off, out=to)
+        np.add(ks * o_step, address(res) + o_off, out=to)
         np.add(ks * i_step, address(inp) + i_off, out=tb)
-        prob.base.stream = int(aligned and at % 64 == 0 and recycled(res)
-                               and res.nbytes >= _results.STREAM_MIN_BYTES)
+        prob.base.stream = int(aligned and streams_runs(res))
         buf, (base, _) = thread_scratch("native-pack", need, threads)
         go(base)
         del buf
