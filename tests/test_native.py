@@ -178,11 +178,12 @@ def test_buffered_data_gradients_take_the_phases_of_a_line_together(isa, dtype,
                                                                     channels_last, geom,
                                                                     families, rng,
                                                                     monkeypatch):
-    """A data gradient computed into line buffers (channels-first or 16-bit results)
-    with a stride along w computes all w phases of a line in one item and stores the
-    line once; where the h phases have as many rows each, all (h, w) phases of a line
-    (its consecutive output rows): the same values as fewer phases per item, bit for
-    bit, and as the reference."""
+    """A data gradient computed into line buffers (channels-first results) with a
+    stride along w computes all w phases of a line in one item and stores the line
+    once; where the h phases have as many rows each, all (h, w) phases of a line (its
+    consecutive output rows): the same values as fewer phases per item, bit for bit,
+    and as the reference.  A channels-last 16-bit result, which the tiles store
+    themselves, keeps one phase an item."""
     monkeypatch.setattr(native, "SERIAL_FLOPS", 0)
     x, w, dy = make_arrays(geom, rng, dtype, channels_last)
     kw = {k: geom[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
@@ -200,7 +201,7 @@ def test_buffered_data_gradients_take_the_phases_of_a_line_together(isa, dtype,
             got.append(convgrad.conv_data_grad(w, dy, x.shape, **kw))
         assert_close(got[-1], want, dtype)
     w_only = (geom["strides"][-1], 1)
-    assert merged == [families, w_only, (1, 1)]
+    assert merged == ([(1, 1)] * 3 if channels_last else [families, w_only, (1, 1)])
     np.testing.assert_array_equal(got[0], got[2])
     np.testing.assert_array_equal(got[1], got[2])
 
@@ -341,11 +342,12 @@ def test_streaming_stores_into_recycled_results(isa, rng, monkeypatch):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("c", [64, 40], ids=["whole-lines", "part-lines"])
-def test_16bit_results_stream_converted_lines(isa, dtype, c, rng, monkeypatch):
-    """A channels-last 16-bit data gradient into recycled memory writes each converted
-    line with streaming stores where its pixels are whole cache lines (64 channels: 128
-    bytes a pixel; 40 channels, 80 bytes: plain stores, the pool declines): bitwise the
-    values of plain stores (engine debug bit 16384), within the 16-bit error of the
+def test_16bit_results_stream_whole_lines(isa, dtype, c, rng, monkeypatch):
+    """A channels-last 16-bit data gradient into recycled memory is written with
+    streaming stores where its pixels are whole cache lines (64 channels: 128 bytes a
+    pixel; 40 channels, 80 bytes: plain stores, the pool declines), rounded in the
+    tiles or (engine debug bit 1) converted from float32 line buffers: bitwise the
+    values of plain stores (debug bits 1, 16384), within the 16-bit error of the
     reference."""
     from convgrad.kernels import _results
     decided = recycled_results_and_decisions(monkeypatch, _results, "streams")
@@ -357,7 +359,7 @@ def test_16bit_results_stream_converted_lines(isa, dtype, c, rng, monkeypatch):
     _results.clear()
     with convgrad.config(algo="native", isa=isa):
         lib = native.engine().lib
-        for bits in (0, 16384, 0, 16384):
+        for bits in (0, 1, 2, 2 | 16384, 0, 1, 2, 2 | 16384):
             lib.cg_engine_set_dbg(bits)
             try:
                 dx = convgrad.conv_data_grad(w, dy, x.shape, **kw)
@@ -369,6 +371,39 @@ def test_16bit_results_stream_converted_lines(isa, dtype, c, rng, monkeypatch):
     for bits in got:
         np.testing.assert_array_equal(got[bits][-1], got[0][-1])
     assert_close(got[0][-1], want, dtype)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("case", [
+    _geometry(2, c=40, o=24, size=13, k=1, s=3, pb=0, pe=0),            # dx pixels no tap reads
+    _geometry(2, c=64, o=32, size=11, k=2, s=3, pb=0, pe=1, groups=2),  # groups, gaps
+    _geometry(3, c=20, o=48, size=6, k=3, s=2),                        # partial blocks
+    _geometry(1, c=33, o=17, size=29, k=3, s=1, d=2),                  # odd channels
+], ids=["1x1-s3", "2x2-s3-groups", "3d-s2", "1d-odd"])
+def test_16bit_channels_last_results_stored_by_the_tiles(isa, dtype, case, rng):
+    """Channels-last float16 / bfloat16 forward and data gradient results are rounded
+    and stored by the corr tiles (zeros where no tap reads, partial blocks, groups, odd
+    channel counts): bitwise the values the float32 line buffers give (engine debug
+    bit 1), within the 16-bit error of the reference."""
+    x, w, dy = make_arrays(case, rng, dtype, True)
+    kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
+    want = reference_results(case, x, w, dy)
+    got = {}
+    with convgrad.config(algo="native", isa=isa):
+        lib = native.engine().lib
+        for bits in (0, 2):
+            lib.cg_engine_set_dbg(bits)
+            try:
+                got[bits] = (convgrad.conv_forward(x, w, **kw),
+                             convgrad.conv_data_grad(w, dy, x.shape, **kw))
+            finally:
+                lib.cg_engine_set_dbg(0)
+    for tiles, lines in zip(got[0], got[2]):
+        assert tiles.dtype == dtype
+        np.testing.assert_array_equal(tiles.view(np.uint16), lines.view(np.uint16))
+    assert_close(got[0][0], want[0], dtype)
+    assert_close(got[0][1], want[2], dtype)
 
 
 def _forward_and_data_rounds(case, rng, channels_last, rounds, **settings):

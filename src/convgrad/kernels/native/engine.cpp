@@ -47,28 +47,70 @@ constexpr int corr_blocks(int r, int nv) {
     return b < 1 ? 1 : (b > BMAX ? BMAX : b);
 }
 
+// A tile's accumulators stored: out[i] (elements of DT from outp[i], off further) gets
+// pixel i's B blocks, channels ochan elements apart; nvalid valid channels (only the last
+// block may be partial).  16-bit results (channels-last callers, ochan == 1) are rounded
+// here, as store_as rounds a converted line; stream: whole aligned vectors with streaming
+// stores (see CorrProblem::stream).
+template <int64_t DT, int R, int B, int NV>
+__attribute__((always_inline)) inline void corr_store(vf (&acc)[R][B][NV], void* const* outp,
+                                                      int64_t off, int64_t ochan, int nvalid,
+                                                      bool stream) {
+    using T = typename Elem<DT>::T;
+    constexpr int NB = NV * VL;
+    T* out[R];
+#pragma GCC unroll 64
+    for (int i = 0; i < R; i++) out[i] = (T*)outp[i] + off;
+    if (ochan == 1 && nvalid == B * NB && stream) {
+#pragma GCC unroll 64
+        for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+            for (int b = 0; b < B; b++)
+#pragma GCC unroll 8
+                for (int v = 0; v < NV; v++)
+                    store_as<DT, true>(out[i] + b * NB + v * VL, acc[i][b][v]);
+    } else if (ochan == 1 && nvalid == B * NB) {
+#pragma GCC unroll 64
+        for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+            for (int b = 0; b < B; b++)
+#pragma GCC unroll 8
+                for (int v = 0; v < NV; v++) store_as<DT>(out[i] + b * NB + v * VL, acc[i][b][v]);
+    } else if (ochan == 1) {
+        for (int i = 0; i < R; i++)
+            for (int b = 0; b < B; b++)
+                for (int v = 0; v < NV; v++) {
+                    int n = nvalid - b * NB - v * VL;
+                    if (n >= VL) store_as<DT>(out[i] + b * NB + v * VL, acc[i][b][v]);
+                    else if (n > 0) store_as_n<DT>(out[i] + b * NB + v * VL, acc[i][b][v], n);
+                }
+    } else if constexpr (DT == F32) {
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < nvalid; j++)
+                out[i][j * ochan] = acc[i][j / NB][(j % NB) / VL][j % VL];
+    }
+}
+
 // out_i[b*NB + j] = sum_t sum_c x_{t,i}[c] * w_t[b][c*NB + j] for R pixels i and
 // B blocks b: xp[t*R + i] is pixel i's input row for tap t (channel 0 of its
 // group), wp[t] block 0's weights for tap t (input channel c at wp[t] + c*wc), the
 // next blocks wstride floats apart.
 // Pixels of one tile may come from different lines (they share their taps).
+// Outputs of dtype odt (float16 / bfloat16 only channels-last: ochan == 1).
 // reps > 1: the same for the next reps - 1 groups of B blocks (weights B * wstride
 // floats further, outputs B * NB channels further), all whole (nvalid = B * NB): a
 // short sum (a 1x1 data gradient's 64 channels) then pays the call and the loading of
 // its pointers once for all of them.
 template <int R, int NV, int B>
 void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t wstride,
-               int64_t wc, int64_t cin, float* const* outp, int64_t ochan, int nvalid,
-               bool stream, int64_t reps, const char* pf, int64_t pfl) {
+               int64_t wc, int64_t cin, void* const* outp, int64_t ochan, int nvalid,
+               bool stream, int64_t reps, const char* pf, int64_t pfl, int64_t odt) {
     constexpr int NB = NV * VL;
     // pfl cache lines from pf on (the next tile's input) prefetched, a few per channel of
     // the first tap
     const int64_t per = pfl > 0 ? (pfl + cin - 1) / cin : 0;
     for (int64_t rep = 0; rep < reps; rep++) {
         const int64_t wo = rep * B * wstride;
-        float* out[R];
-#pragma GCC unroll 64
-        for (int i = 0; i < R; i++) out[i] = outp[i] + rep * B * NB * ochan;
         vf acc[R][B][NV];
 #pragma GCC unroll 64
         for (int i = 0; i < R; i++)
@@ -102,41 +144,16 @@ void corr_tile(int ntap, const float* const* xp, const float* const* wp, int64_t
             }
         }
         // nvalid counts the valid channels of all B blocks (only the last may be partial)
-        if (ochan == 1 && nvalid == B * NB && stream) {
-            // (whole cache lines of one pixel, aligned: see CorrProblem::stream)
-#pragma GCC unroll 64
-            for (int i = 0; i < R; i++)
-#pragma GCC unroll 8
-                for (int b = 0; b < B; b++)
-#pragma GCC unroll 8
-                    for (int v = 0; v < NV; v++)
-                        stream_store(out[i] + b * NB + v * VL, acc[i][b][v]);
-        } else if (ochan == 1 && nvalid == B * NB) {
-#pragma GCC unroll 64
-            for (int i = 0; i < R; i++)
-#pragma GCC unroll 8
-                for (int b = 0; b < B; b++)
-#pragma GCC unroll 8
-                    for (int v = 0; v < NV; v++) store(out[i] + b * NB + v * VL, acc[i][b][v]);
-        } else if (ochan == 1) {
-            for (int i = 0; i < R; i++)
-                for (int b = 0; b < B; b++)
-                    for (int v = 0; v < NV; v++) {
-                        int n = nvalid - b * NB - v * VL;
-                        if (n >= VL) store(out[i] + b * NB + v * VL, acc[i][b][v]);
-                        else if (n > 0) store_n(out[i] + b * NB + v * VL, acc[i][b][v], n);
-                    }
-        } else {
-            for (int i = 0; i < R; i++)
-                for (int j = 0; j < nvalid; j++)
-                    out[i][j * ochan] = acc[i][j / NB][(j % NB) / VL][j % VL];
-        }
+        const int64_t off = rep * B * NB * ochan;
+        if (odt == F32) corr_store<F32>(acc, outp, off, ochan, nvalid, stream);
+        else if (odt == F16) corr_store<F16>(acc, outp, off, ochan, nvalid, stream);
+        else corr_store<BF16>(acc, outp, off, ochan, nvalid, stream);
     }
 }
 
 typedef void (*corr_fn)(int, const float* const*, const float* const*, int64_t, int64_t,
-                        int64_t, float* const*, int64_t, int, bool, int64_t, const char*,
-                        int64_t);
+                        int64_t, void* const*, int64_t, int, bool, int64_t, const char*,
+                        int64_t, int64_t);
 
 // fns[(R - 1) * BMAX + (B - 1)] for B <= corr_blocks(R, NV), else null
 template <int NV, int K>
@@ -192,7 +209,8 @@ struct CorrProblem {
     const int64_t* items;      // per item: phase, first line, end line (lines of the
                                // phase numbered (n * Ud + ud) * Uh + uh), first and end
                                // output block (of every group)
-    int64_t stream;            // write float32 channels-last output blocks of whole cache
+    int64_t stream;            // write channels-last output blocks of whole cache lines
+                               // (float32, or 16-bit ones the tiles round) or converted
                                // lines with streaming stores (the caller checked their
                                // alignment; native.py: _results.streams)
     int64_t wphases;           // phases an item computes: 1, or (a buffered data gradient,
@@ -213,7 +231,9 @@ int64_t cg_vector_floats(void) { return VL; }
 // result lines stored plainly; 15 no next-plane prefetch in the flat depthwise weight
 // gradient (grouped.cpp); 17 the GEMM tile reads every row through a pointer of its
 // own (tiles.h); 18 the engine's workers may run on the caller's CPU (pool.cpp); 29 no
-// prefetch of the next corr tile's input rows.
+// prefetch of the next corr tile's input rows; 1 (DBG_BUFFER_16BIT) 16-bit channels-last
+// corr results through float32 line buffers (set it before a call is bound: the line
+// buffers need scratch, sized then).
 int64_t cg_engine_dbg = 0;
 void cg_engine_set_dbg(int64_t v) { cg_engine_dbg = v; }
 int64_t cg_corr_rmax(int64_t nv) { return nv >= 1 && nv <= 4 ? CORR_RMAX[nv] : 0; }
@@ -237,7 +257,7 @@ namespace {
 // line (null when the tap reads only padding there) and the w range it reads.
 struct LineTaps {
     int64_t n, ud, uh;
-    float* out;                  // output pixel u = 0 of the line
+    char* out;                   // output pixel u = 0 of the line
 };
 
 inline void decode_line(const int64_t* ph, int64_t l, int64_t& n, int64_t& ud, int64_t& uh) {
@@ -285,8 +305,27 @@ struct PixelClass {
 
 }  // namespace
 
+// Whether the corr tiles store a channels-last float16 / bfloat16 result themselves
+// (rounded in registers, as store_run rounds a line) rather than into a float32 line
+// buffer converted afterwards: items of one phase (a merged data gradient's buffer
+// interleaves its phases; native.py plans them only for buffered results).
+// (2026-11-27, Zen 5, 2 threads, in one process, debug bit 1 for A/B: ResNet-50 res2's
+// 1x1 data gradient, float16 1.17x faster after the benchmark's pause and 1.14x hot,
+// bfloat16 1.15x / 1.16x; the line buffers' narrowing pass had been ~10% of the call.)
+constexpr int64_t DBG_BUFFER_16BIT = 2;
+inline bool direct_16bit(const CorrProblem* P) {
+    return P->out_dtype != F32 && P->ostride[4] == 1 && P->wphases <= 1 &&
+           !(cg_engine_dbg & DBG_BUFFER_16BIT);
+}
+
+// Whether an item computes its result into a float32 channels-last line buffer:
+// channels-first results, and 16-bit ones the tiles do not store themselves.
+inline bool out_buffered(const CorrProblem* P) {
+    return (P->ostride[4] != 1 || P->out_dtype != F32) && !direct_16bit(P);
+}
+
 int64_t cg_corr_scratch(const CorrProblem* P, int64_t lo, int64_t hi) {
-    const bool packed = !direct_f32(P->in), obuf = P->ostride[4] != 1 || P->out_dtype != F32;
+    const bool packed = !direct_f32(P->in), obuf = out_buffered(P);
     int64_t most = 0;
     std::vector<int64_t> keys;
     for (int64_t it = lo; it < hi; it++) {
@@ -313,19 +352,22 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
     const int64_t bg = std::max<int64_t>(1, P->ob_group);
     const int64_t* os = P->os;
     const int64_t xpix = packed ? P->Cin : P->in.stride[3];
-    // outputs whose channels are not contiguous (NCX callers) or that are not
-    // float32 are computed into a float32 channels-last buffer per item and
-    // transposed / converted into place line by line
-    const bool obuf = P->ostride[4] != 1 || P->out_dtype != F32;
+    // outputs whose channels are not contiguous (NCX callers), and 16-bit ones of
+    // merged phases, are computed into a float32 channels-last buffer per item and
+    // transposed / converted into place line by line; others the tiles store (16-bit
+    // ones rounded there)
+    const bool obuf = out_buffered(P);
     const int64_t ochan = obuf ? 1 : P->ostride[4];
+    const int64_t odt = obuf ? F32 : P->out_dtype, oes = itemsize(odt);
     // streaming stores only where a tile's stores fill whole cache lines; however few
     // products a tile sums (2026-11-26, Sapphire Rapids, 2 threads, alternating, debug
     // bit 0 for A/B: ResNet-50 res2's 1x1 data gradient, 64 products per output, 1.22x
     // faster with them after the benchmark's pause and hot, 1.24x / 1.48x on the AVX2
     // build; on a Zen 3 they had measured level to 1.1x slower there, and kept plain
     // stores below 128 products)
-    const bool stream = P->stream && !obuf && NB * 4 % 64 == 0 && !(cg_engine_dbg & 1);
-    // channels-last results of another dtype: each converted line streamed
+    const bool stream = P->stream && !obuf && NB * oes % 64 == 0 && !(cg_engine_dbg & 1);
+    // channels-last 16-bit results through line buffers (debug bit 1): each converted
+    // line streamed
     const bool stream_lines = P->stream && obuf && P->ostride[4] == 1 && !(cg_engine_dbg & 16384);
     // float32 channels-first results: the channel runs that fill whole cache lines
     // streamed (store_channel_runs checks each run)
@@ -339,7 +381,7 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
     std::vector<PixelClass> classes;
     std::vector<int64_t> bps, valid;
     std::vector<const float*> xt, wt;
-    float* optr[64];
+    char* optr[64];
 
     for (int64_t it = lo; it < hi; it++) {
         const int64_t* item = P->items + 5 * it;
@@ -383,10 +425,12 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                 decode_line(ph, item[1] + li, n, ud, uh);
                 LineTaps& L = lines[li];
                 L.n = n, L.ud = ud, L.uh = uh;
-                L.out = obuf ? outbuf + ((li * hph + hrow) * bw + (merged ? orw : 0)) * P->Cout
-                             : (float*)P->out + n * P->ostride[0] +
-                                   (ud * os[0] + ord) * P->ostride[1] +
-                                   (uh * os[1] + orh) * P->ostride[2] + orw * P->ostride[3];
+                L.out = obuf ? (char*)(outbuf + ((li * hph + hrow) * bw + (merged ? orw : 0)) *
+                                                     P->Cout)
+                             : (char*)P->out + oes * (n * P->ostride[0] +
+                                                      (ud * os[0] + ord) * P->ostride[1] +
+                                                      (uh * os[1] + orh) * P->ostride[2] +
+                                                      orw * P->ostride[3]);
                 bps.assign({0, Uw});
                 for (int64_t k = 0; k < nt; k++) {
                     const int64_t* tp = P->taps + 4 * (tb + k);
@@ -442,10 +486,12 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                         const int ntp = (int)C.taps.size();
                         if (ntp == 0) {
                             for (int64_t p = 0; p < npx; p++) {
-                                float* o = lines[C.line[p]].out + C.u[p] * opix +
-                                           (g * cout_g + ob0 * NB) * ochan;
+                                char* o = lines[C.line[p]].out +
+                                          oes * (C.u[p] * opix + (g * cout_g + ob0 * NB) * ochan);
                                 const int64_t m = std::min(cout_g, ob1 * NB) - ob0 * NB;
-                                for (int64_t j = 0; j < m; j++) o[j * ochan] = 0.0f;
+                                // (+0 is all zero bits in float16 and bfloat16 too)
+                                if (ochan == 1) std::memset(o, 0, oes * m);
+                                else for (int64_t j = 0; j < m; j++) ((float*)o)[j * ochan] = 0.0f;
                             }
                             continue;
                         }
@@ -462,7 +508,7 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                                 const LineTaps& L = lines[C.line[p0 + i]];
                                 const int64_t li = C.line[p0 + i];
                                 const int64_t u = C.u[p0 + i];
-                                optr[i] = L.out + u * opix + (g * cout_g) * ochan;
+                                optr[i] = L.out + oes * (u * opix + (g * cout_g) * ochan);
                                 for (int k = 0; k < ntp; k++) {
                                     const int64_t e = C.taps[k];
                                     const int64_t* tp = P->taps + 4 * (tb + e);
@@ -506,11 +552,11 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
                                     const int64_t* tp = P->taps + 4 * (tb + C.taps[k]);
                                     wt[k] = P->wpk + g * P->wg + ob * P->wob + tp[3] * P->wt;
                                 }
-                                float* oo[64];
-                                for (int i = 0; i < r; i++) oo[i] = optr[i] + ob * NB * ochan;
+                                void* oo[64];
+                                for (int i = 0; i < r; i++) oo[i] = optr[i] + oes * ob * NB * ochan;
                                 fns[(r - 1) * BMAX + (b - 1)](
                                     ntp, xt.data(), wt.data(), P->wob, P->wc, cin_g, oo, ochan,
-                                    nvalid, stream, reps, pf, pfl);
+                                    nvalid, stream, reps, pf, pfl, odt);
                                 pf = nullptr, pfl = 0;
                                 ob += b * reps;
                             }
