@@ -346,7 +346,7 @@ def test_16bit_results_stream_whole_lines(isa, dtype, c, rng, monkeypatch):
     """A channels-last 16-bit data gradient into recycled memory is written with
     streaming stores where its pixels are whole cache lines (64 channels: 128 bytes a
     pixel; 40 channels, 80 bytes: plain stores, the pool declines), rounded in the
-    tiles or (engine debug bit 1) converted from float32 line buffers: bitwise the
+    tiles or (engine debug bit 2) converted from float32 line buffers: bitwise the
     values of plain stores (debug bits 1, 16384), within the 16-bit error of the
     reference."""
     from convgrad.kernels import _results
@@ -385,7 +385,7 @@ def test_16bit_channels_last_results_stored_by_the_tiles(isa, dtype, case, rng):
     """Channels-last float16 / bfloat16 forward and data gradient results are rounded
     and stored by the corr tiles (zeros where no tap reads, partial blocks, groups, odd
     channel counts): bitwise the values the float32 line buffers give (engine debug
-    bit 1), within the 16-bit error of the reference."""
+    bit 2), within the 16-bit error of the reference."""
     x, w, dy = make_arrays(case, rng, dtype, True)
     kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
     want = reference_results(case, x, w, dy)

@@ -309,7 +309,7 @@ struct PixelClass {
 // (rounded in registers, as store_run rounds a line) rather than into a float32 line
 // buffer converted afterwards: items of one phase (a merged data gradient's buffer
 // interleaves its phases; native.py plans them only for buffered results).
-// (2026-11-27, Zen 5, 2 threads, in one process, debug bit 1 for A/B: ResNet-50 res2's
+// (2026-11-27, Zen 5, 2 threads, in one process, DBG_BUFFER_16BIT for A/B: ResNet-50 res2's
 // 1x1 data gradient, float16 1.17x faster after the benchmark's pause and 1.14x hot,
 // bfloat16 1.15x / 1.16x; the line buffers' narrowing pass had been ~10% of the call.)
 constexpr int64_t DBG_BUFFER_16BIT = 2;
@@ -366,7 +366,7 @@ void cg_corr_run(const CorrProblem* P, int64_t lo, int64_t hi, float* scratch) {
     // build; on a Zen 3 they had measured level to 1.1x slower there, and kept plain
     // stores below 128 products)
     const bool stream = P->stream && !obuf && NB * oes % 64 == 0 && !(cg_engine_dbg & 1);
-    // channels-last 16-bit results through line buffers (debug bit 1): each converted
+    // channels-last 16-bit results through line buffers (DBG_BUFFER_16BIT): each converted
     // line streamed
     const bool stream_lines = P->stream && obuf && P->ostride[4] == 1 && !(cg_engine_dbg & 16384);
     // float32 channels-first results: the channel runs that fill whole cache lines
