@@ -450,3 +450,49 @@ def test_fma_party_times_a_dense_rows_flops_as_fmas(tmp_path):
     summarize_entry(entry, {"fma": {"gflops": 2500.0}})
     assert entry["fma_peak_fraction"] == pytest.approx(0.8)
     assert entry["peak_fraction"] == pytest.approx(0.6) and entry["fma_fraction"] == 0.75
+
+
+def test_dense_rows_are_also_timed_back_to_back(tmp_path):
+    """On dense rows convgrad's float32 parties and the FMA party call again at once after
+    each timed call, that call timed apart (b2b); grouped rows, 16-bit parties and peers
+    are not; the entry and the report take convgrad's fastest back-to-back median and
+    set it and the FMA party's against the peak."""
+    from convgrad.kernels import native
+    fma = ["fma"] if native.available() is None else []
+    record = run_benchmark(layers=[TINY[0], TINY[1]], ops=["dgrad"],
+                           parties=["convgrad", *fma], dtypes=("float32", "float16"),
+                           repeat=3, warmup=0, out_dir=tmp_path, ceilings=False, pause=0.0,
+                           memory=False, scaling=None)
+    assert record["back_to_back"] is True
+    md = (tmp_path / "benchmark.md").read_text()
+    grouped, dense = record["results"]
+    assert all("b2b_ms" not in r for r in grouped["parties"].values())
+    assert "b2b_ms" not in grouped
+    cg32 = {n: r for n, r in dense["parties"].items()
+            if r["family"] == "convgrad" and r["dtype"] == "float32"}
+    assert len(cg32) == 2
+    for n, r in dense["parties"].items():
+        timed = (r["family"] == "convgrad" and r["dtype"] == "float32") or r["family"] == "fma"
+        assert ("b2b_ms" in r) == timed, n
+        if timed:
+            assert len(r["b2b_times_ms"]) == 3
+            assert r["b2b_ms"] == pytest.approx(float(np.median(r["b2b_times_ms"])))
+    assert dense["b2b_ms"] == min(r["b2b_ms"] for r in cg32.values())
+    row = [ln for ln in md.split("## Dense rows back to back")[1].splitlines()
+           if ln.startswith("| dense_2d | dgrad |")][0]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[5] == f"{dense['b2b_ms']:.2f}"
+    assert "| g2_s2 |" not in md.split("## Dense rows back to back")[1].split("##")[0]
+    # against a given peak: the FLOPs over the back-to-back times
+    entry = {"layer": "l", "op": "dgrad", "flops": 6e9, "io_bytes": 1,
+             "parties": {"cg": {"peer": False, "dtype": "float32", "family": "convgrad",
+                                "status": "ok", "ms": 5.0, "times_ms": [5.0], "b2b_ms": 4.0},
+                         "cg2": {"peer": False, "dtype": "float32", "family": "convgrad",
+                                 "status": "ok", "ms": 6.0, "times_ms": [6.0], "b2b_ms": 3.0},
+                         "fma": {"peer": False, "dtype": "float32", "family": "fma",
+                                 "status": "ok", "ms": 3.0, "times_ms": [3.0],
+                                 "b2b_ms": 2.5}}}
+    summarize_entry(entry, {"fma": {"gflops": 2500.0}})
+    assert entry["b2b_ms"] == 3.0 and entry["b2b_peak_fraction"] == pytest.approx(0.8)
+    assert entry["fma_b2b_peak_fraction"] == pytest.approx(0.96)
+    assert entry["convgrad_ms"] == 5.0

@@ -343,14 +343,24 @@ SLOW_CALL_S = 3.0     # a party whose checked call takes longer than this ...
 SLOW_REPEAT = 3       # ... is timed this many times, without warm-up (JAX's grouped layers)
 
 
+def _back_to_back(layer: Layer, party: Party) -> bool:
+    """Whether a party's call is also timed back to back on this row: convgrad's float32
+    parties and the FMA party, on dense rows (groups = 1)."""
+    return (layer.groups == 1 and party.family in ("convgrad", "fma")
+            and party.dtype == "float32")
+
+
 def run_problem(layer: Layer, op: str, parties: list[Party], *, repeat: int, warmup: int,
                 seed: int = 0, memory: bool = True, ref_cache: dict | None = None,
-                pause: float = 0.0) -> dict:
+                pause: float = 0.0, back_to_back: bool = False) -> dict:
     """Check, warm up and time every party on one (layer, op); returns its result entry.
 
     ``pause`` seconds of sleep before each timed call let the previous party's
     worker threads stop spinning (OpenBLAS spins up to ~2^28 cycles after a call)
-    so they do not steal the cores from the next party."""
+    so they do not steal the cores from the next party.  ``back_to_back``: on dense
+    rows, convgrad's float32 parties and the FMA party call again at once after each
+    timed call, that call timed apart (``b2b_ms``): what they sustain, the state the
+    FMA peak is measured in."""
     inputs = make_inputs(layer, seed)
     refs = {} if ref_cache is None else ref_cache
     entry = {"layer": layer.name, "op": op, "rank": layer.rank, "groups": layer.groups,
@@ -411,6 +421,7 @@ def run_problem(layer: Layer, op: str, parties: list[Party], *, repeat: int, war
             if "slow_capped" not in res:
                 prepared.run()
     times = {party.name: [] for party, _, _ in ready}
+    b2b = {party.name: [] for party, _, _ in ready}
     for rep in range(repeat):
         k = rep % max(len(ready), 1)
         for party, prepared, res in ready[k:] + ready[:k]:
@@ -422,10 +433,18 @@ def run_problem(layer: Layer, op: str, parties: list[Party], *, repeat: int, war
             out = prepared.run()
             times[party.name].append(time.perf_counter() - t0)
             del out
+            if back_to_back and _back_to_back(layer, party):
+                t0 = time.perf_counter()
+                out = prepared.run()
+                b2b[party.name].append(time.perf_counter() - t0)
+                del out
     for party, _, res in ready:
         ts = times[party.name]
         if not ts:
             continue
+        if b2b[party.name]:
+            res["b2b_times_ms"] = [t * 1e3 for t in b2b[party.name]]
+            res["b2b_ms"] = statistics.median(b2b[party.name]) * 1e3
         med = statistics.median(ts)
         res["times_ms"] = [t * 1e3 for t in ts]
         res["ms"] = med * 1e3
@@ -492,6 +511,16 @@ def summarize_entry(entry: dict, ceilings: dict) -> None:
             # the same bytes moved by a plain copy in the same rotation, after the same pause
             entry["copy_ms"] = copy[0]
             entry["copy_fraction"] = copy[0] / cg[best]
+        # back to back (run_problem): convgrad's fastest float32 party and the FMA party
+        b2b = [parties[n]["b2b_ms"] for n in cg if "b2b_ms" in parties[n]]
+        if b2b:
+            entry["b2b_ms"] = min(b2b)
+            entry["b2b_peak_fraction"] = (entry["flops"] / (min(b2b) / 1e3) / 1e9 / peak
+                                          if peak else None)
+        fma_b2b = [parties[n]["b2b_ms"] for n in timed
+                   if parties[n].get("family") == "fma" and "b2b_ms" in parties[n]]
+        if fma_b2b and peak:
+            entry["fma_b2b_peak_fraction"] = entry["flops"] / (fma_b2b[0] / 1e3) / 1e9 / peak
         fma = [t for n, t in timed.items() if parties[n].get("family") == "fma"]
         if fma:
             # the row's FLOPs as nothing but FMAs, in the same rotation after the same pause
@@ -555,7 +584,7 @@ def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repe
                   progress=None, *, suite=None, seed: int = 0, memory: bool = True,
                   ceilings: bool = True, pause: float = 0.15,
                   scaling: str | None = None, precision: str = "default",
-                  order: str = "interleaved") -> dict:
+                  order: str = "interleaved", back_to_back: bool = True) -> dict:
     """Time convgrad and the installed peers on the suite; return the record.
 
     Parameters
@@ -589,6 +618,9 @@ def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repe
     pause : float
         Seconds of sleep (untimed) before each timed call, so that one party's
         spinning worker threads do not slow the next one down.
+    back_to_back : bool
+        On dense rows, also time convgrad's float32 parties and the FMA party called
+        again at once after each timed call (:func:`run_problem`).
     scaling : str or None
         ``"layer:op"`` of the suite whose GFLOP/s is also measured for batch
         sizes 1 to 64 and 1 to ``threads`` threads (``record["scaling"]``,
@@ -619,7 +651,8 @@ def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repe
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "machine": machine_info(), "threads": threads, "repeat": repeat, "warmup": warmup,
               "dtypes": list(dtypes), "parties": names, "thread_settings": thread_settings,
-              "pause_s": pause, "order": order, "tolerance": TOLERANCE,
+              "pause_s": pause, "order": order, "back_to_back": back_to_back,
+              "tolerance": TOLERANCE,
               "load_average_start": _loadavg(),
               "precision": precision, "results": []}
     import convgrad
@@ -633,7 +666,7 @@ def run_benchmark(layers=None, ops=None, parties=None, dtypes=("float32",), repe
             progress(0, len(problems), "starting")
         for i, (lay, op) in enumerate(problems):
             entry = run_problem(lay, op, party_list, repeat=repeat, warmup=warmup, seed=seed,
-                                memory=memory, pause=pause)
+                                memory=memory, pause=pause, back_to_back=back_to_back)
             summarize_entry(entry, record["ceilings"])
             record["results"].append(entry)
             if out_dir is not None:  # a partial record survives an interrupted run

@@ -160,6 +160,21 @@ def markdown(record: dict) -> str:
                          f" | {e['fma_ms']:.2f} | {_pct(e.get('fma_peak_fraction'))}"
                          f" | {_pct(e.get('fma_fraction'))} |")
 
+    sustained = [e for e in record["results"] if "b2b_ms" in e]
+    if sustained:
+        lines += ["", "## Dense rows back to back", "",
+                  "Back to back: convgrad's float32 call made again at once after each "
+                  "timed call (no pause; the fastest of its layouts, median), the state the "
+                  "FMA peak is measured in; after the pause: the main table's time.  % peak "
+                  "of the FMA peak; FMA-only: the FMA party's call made again at once.", "",
+                  "| layer | op | GFLOP | after the pause ms | % peak | back to back ms | "
+                  "% peak | FMA-only back to back % peak |", "|---|---|--:|--:|--:|--:|--:|--:|"]
+        for e in sustained:
+            lines.append(f"| {e['layer']} | {e['op']} | {e['flops'] / 1e9:.2f} | "
+                         f"{_f(e.get('convgrad_ms'), '.2f')} | {_pct(e.get('peak_fraction'))}"
+                         f" | {e['b2b_ms']:.2f} | {_pct(e.get('b2b_peak_fraction'))}"
+                         f" | {_pct(e.get('fma_b2b_peak_fraction'))} |")
+
     dw = [e for e in record["results"] if e["depthwise"]]
     if dw:
         lines += ["", "## Depthwise layers: memory-bound", "",
