@@ -35,6 +35,14 @@ def _pct(fraction) -> str:
     return _f(None if fraction is None else 100 * fraction, ".0f")
 
 
+def _dense_row(e: dict, *cells: str) -> str:
+    """A row of the dense-row tables: layer, op, GFLOP, convgrad's time after the pause
+    and its % peak (as in the main table), then ``cells``."""
+    return "| " + " | ".join([e["layer"], e["op"], f"{e['flops'] / 1e9:.2f}",
+                              _f(e.get("convgrad_ms"), ".2f"), _pct(e.get("peak_fraction")),
+                              *cells]) + " |"
+
+
 def _columns(record: dict) -> list[str]:
     names = record["parties"]
     cg = [n for n in names if n.startswith("convgrad") and n.count(" ") == 1]
@@ -155,10 +163,8 @@ def markdown(record: dict) -> str:
                   "", "| layer | op | GFLOP | convgrad ms | % peak | FMA-only ms | "
                   "FMA-only % peak | % of the ceiling |", "|---|---|--:|--:|--:|--:|--:|--:|"]
         for e in ceiling:
-            lines.append(f"| {e['layer']} | {e['op']} | {e['flops'] / 1e9:.2f} | "
-                         f"{_f(e.get('convgrad_ms'), '.2f')} | {_pct(e.get('peak_fraction'))}"
-                         f" | {e['fma_ms']:.2f} | {_pct(e.get('fma_peak_fraction'))}"
-                         f" | {_pct(e.get('fma_fraction'))} |")
+            lines.append(_dense_row(e, f"{e['fma_ms']:.2f}", _pct(e.get("fma_peak_fraction")),
+                                    _pct(e.get("fma_fraction"))))
 
     sustained = [e for e in record["results"] if "b2b_ms" in e]
     if sustained:
@@ -170,10 +176,8 @@ def markdown(record: dict) -> str:
                   "| layer | op | GFLOP | after the pause ms | % peak | back to back ms | "
                   "% peak | FMA-only back to back % peak |", "|---|---|--:|--:|--:|--:|--:|--:|"]
         for e in sustained:
-            lines.append(f"| {e['layer']} | {e['op']} | {e['flops'] / 1e9:.2f} | "
-                         f"{_f(e.get('convgrad_ms'), '.2f')} | {_pct(e.get('peak_fraction'))}"
-                         f" | {e['b2b_ms']:.2f} | {_pct(e.get('b2b_peak_fraction'))}"
-                         f" | {_pct(e.get('fma_b2b_peak_fraction'))} |")
+            lines.append(_dense_row(e, f"{e['b2b_ms']:.2f}", _pct(e.get("b2b_peak_fraction")),
+                                    _pct(e.get("fma_b2b_peak_fraction"))))
 
     dw = [e for e in record["results"] if e["depthwise"]]
     if dw:
