@@ -1,3 +1,4 @@
+import contextlib
 import os
 import zlib
 
@@ -20,6 +21,22 @@ def assert_close(got, want, dtype=None, *, tol=None):
     err = float(np.abs(np.asarray(got, np.float64) - want).max(initial=0.0))
     assert err <= (tol if tol is not None else TOL[dtype]) * scale, (err, scale)
 
+
+
+@contextlib.contextmanager
+def engine_dbg(bits: int, lib=None):
+    """The native engine's debug switches (docs/kernels.md names each by its value) set
+    to ``bits`` for the block, cleared after it even when it fails.  Each build keeps
+    its own switches: enter it where ``convgrad.config(isa=...)`` already selects the
+    build the calls run on (or pass that build's ``lib``)."""
+    if lib is None:
+        from convgrad.kernels import native
+        lib = native.engine().lib
+    lib.cg_engine_set_dbg(bits)
+    try:
+        yield
+    finally:
+        lib.cg_engine_set_dbg(0)
 
 @pytest.fixture(autouse=True)
 def _fresh_choices():

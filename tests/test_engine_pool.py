@@ -14,6 +14,8 @@ import pytest
 
 from convgrad.kernels import _pool, native
 
+from conftest import engine_dbg
+
 pytestmark = pytest.mark.skipif(native.available() is not None,
                                 reason="the native engine is not built")
 
@@ -87,13 +89,10 @@ def test_the_workers_keep_off_the_callers_cpu():
     cpu = lib.cg_pool_kept_off_cpu()
     assert tid > 0 and cpu in mask
     assert os.sched_getaffinity(tid) == mask - {cpu}
-    lib.cg_engine_set_dbg(262144)
-    try:
+    with engine_dbg(262144, lib):
         _probe(lib, 16, 2, spin=2000)
         assert lib.cg_pool_kept_off_cpu() == -1
         assert os.sched_getaffinity(tid) == mask
-    finally:
-        lib.cg_engine_set_dbg(0)
     counts, *_ = _probe(lib, 16, 2, spin=2000)
     assert (counts == 1).all()
     assert os.sched_getaffinity(tid) == mask - {lib.cg_pool_kept_off_cpu()}

@@ -18,7 +18,7 @@ from convgrad.kernels import grouped, native
 
 import naive
 from cases import caller_arrays
-from conftest import assert_close, recycled_results_and_decisions
+from conftest import assert_close, engine_dbg, recycled_results_and_decisions
 
 if native.available() is not None:
     pytest.skip(f"native engine unavailable: {native.available()}", allow_module_level=True)
@@ -435,13 +435,8 @@ def test_flat_planes_take_same_size_channels_first_depthwise(isa, hw, k, d, rng,
     assert taken == ["fwd", "dgrad", "wgrad"] * 3
     # engine debug bit 524288: the weight gradient's rows ends in scalar row pieces and
     # a pointer a tap (the code before the masked vector ends and row / column pointers)
-    with convgrad.config(algo="grouped", isa=isa, threads=2):
-        lib = native.engine().lib
-        lib.cg_engine_set_dbg(524288)
-        try:
-            dw_old = convgrad.conv_weight_grad(x, dy, w.shape, **kw)
-        finally:
-            lib.cg_engine_set_dbg(0)
+    with convgrad.config(algo="grouped", isa=isa, threads=2), engine_dbg(524288):
+        dw_old = convgrad.conv_weight_grad(x, dy, w.shape, **kw)
     taken.pop()
     np.testing.assert_array_equal(np.isnan(dw_old), np.isnan(want_dw))
     fin = np.isfinite(want_dw)

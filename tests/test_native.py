@@ -21,7 +21,7 @@ from convgrad.kernels import native
 
 import naive
 from cases import caller_arrays, reference_results
-from conftest import assert_close, recycled_results_and_decisions
+from conftest import assert_close, engine_dbg, recycled_results_and_decisions
 
 if native.available() is not None:
     if os.environ.get("CONVGRAD_REQUIRE_PEERS") == "1":     # CI: the engine must build
@@ -29,6 +29,7 @@ if native.available() is not None:
     pytest.skip(f"native engine unavailable: {native.available()}", allow_module_level=True)
 
 ISAS = native.info()["loaded"]
+
 
 
 def random_case(seed: int, *, wide: bool = False) -> dict:
@@ -225,15 +226,11 @@ def test_channels_first_data_gradients_stream_whole_lines(isa, r, size, rng, mon
     _results.clear()
     got = {}
     with convgrad.config(isa=isa, algo="native", threads=2):
-        lib = native.engine().lib
-        try:
-            for bit in (0, 512, 0):
-                lib.cg_engine_set_dbg(bit)
+        for bit in (0, 512, 0):
+            with engine_dbg(bit):
                 out = convgrad.conv_data_grad(w, dy, x.shape, **kw)
-                got.setdefault(bit, []).append(out.copy())
-                del out                         # (its memory back to the pool)
-        finally:
-            lib.cg_engine_set_dbg(0)
+            got.setdefault(bit, []).append(out.copy())
+            del out                             # (its memory back to the pool)
     # (the first result is fresh memory; the others recycled, aligned channel rows)
     assert decided[:3] == [False, True, True]
     for outs in got.values():
@@ -259,15 +256,11 @@ def test_register_tiles_take_runs_of_output_blocks(isa, geom, rng, monkeypatch):
     want = reference_results(geom, x, w, dy)
     got = {}
     with convgrad.config(algo="native", isa=isa, threads=2):
-        lib = native.engine().lib
         assert native.engine().isa == isa
-        try:
-            for bit in (0, 64):
-                lib.cg_engine_set_dbg(bit)
+        for bit in (0, 64):
+            with engine_dbg(bit):
                 got[bit] = (convgrad.conv_forward(x, w, **kw),
                             convgrad.conv_data_grad(w, dy, x.shape, **kw))
-        finally:
-            lib.cg_engine_set_dbg(0)
     for k in (0, 2):
         assert_close(got[0][k // 2], want[k], np.float32)
         np.testing.assert_array_equal(got[0][k // 2], got[64][k // 2])
@@ -296,14 +289,10 @@ def test_weight_gradient_tiles_read_consecutive_rows_through_one_pointer(isa, ge
         bad.flat[[3, x.size // 2]] = [np.nan, np.inf]
         got = {}
         with convgrad.config(algo="native", isa=isa, threads=2):
-            lib = native.engine().lib
-            try:
-                for bit in (0, 131072):
-                    lib.cg_engine_set_dbg(bit)
+            for bit in (0, 131072):
+                with engine_dbg(bit):
                     got[bit] = [convgrad.conv_weight_grad(a, dy, w.shape, **kw)
                                 for a in (x, bad)]
-            finally:
-                lib.cg_engine_set_dbg(0)
         assert_close(got[0][0], want, np.float32)
         for k in range(2):
             np.testing.assert_array_equal(got[0][k], got[131072][k])
@@ -358,13 +347,9 @@ def test_16bit_results_stream_whole_lines(isa, dtype, c, rng, monkeypatch):
     got = {}
     _results.clear()
     with convgrad.config(algo="native", isa=isa):
-        lib = native.engine().lib
         for bits in (0, 1, 2, 2 | 16384, 0, 1, 2, 2 | 16384):
-            lib.cg_engine_set_dbg(bits)
-            try:
+            with engine_dbg(bits):
                 dx = convgrad.conv_data_grad(w, dy, x.shape, **kw)
-            finally:
-                lib.cg_engine_set_dbg(0)
             got.setdefault(bits, []).append(np.array(dx, np.float32))
             del dx
     assert decided[-2:] == [c == 64] * 2
@@ -391,14 +376,10 @@ def test_16bit_channels_last_results_stored_by_the_tiles(isa, dtype, case, rng):
     want = reference_results(case, x, w, dy)
     got = {}
     with convgrad.config(algo="native", isa=isa):
-        lib = native.engine().lib
         for bits in (0, 2):
-            lib.cg_engine_set_dbg(bits)
-            try:
+            with engine_dbg(bits):
                 got[bits] = (convgrad.conv_forward(x, w, **kw),
                              convgrad.conv_data_grad(w, dy, x.shape, **kw))
-            finally:
-                lib.cg_engine_set_dbg(0)
     for tiles, lines in zip(got[0], got[2]):
         assert tiles.dtype == dtype
         np.testing.assert_array_equal(tiles.view(np.uint16), lines.view(np.uint16))
@@ -757,20 +738,14 @@ def test_permuted_copies_are_exact(isa, dtype, rng):
              ((4, 4, 50, 67), (3, 2, 0, 1)), ((2, 200, 170), (2, 1, 0)),  # 16 and 2 taps
              ((5, 7, 9, 11, 13), (4, 2, 0, 3, 1)), ((33, 40, 29), (1, 2, 0)),
              ((2, 3, 3, 3, 70, 90), None)]
-    with convgrad.config(isa=isa):
-        lib = native.engine().lib
     for (shape, perm), bit in itertools.product(cases, (0, 2097152)):
         a = rng.standard_normal(shape).astype(dtype)
         if perm is None:                    # rank 6: NumPy's copy
             assert native.permuted_copy(a.transpose(5, 4, 3, 2, 1, 0)) is None
             continue
         v = a.transpose(perm)
-        lib.cg_engine_set_dbg(bit)
-        try:
-            with convgrad.config(isa=isa):
-                got = native.permuted_copy(v)
-        finally:
-            lib.cg_engine_set_dbg(0)
+        with convgrad.config(isa=isa), engine_dbg(bit):
+            got = native.permuted_copy(v)
         assert got is not None and got.flags.c_contiguous and got.dtype == v.dtype
         assert got.tobytes() == np.ascontiguousarray(v).tobytes()
     # last axis contiguous, or rows not unit-strided: NumPy's copy
@@ -1048,13 +1023,9 @@ def test_few_channel_taps_share_tiles(isa, channels_last, geom, rng, monkeypatch
     want = reference_results(geom, x, w, dy)[1]
     got = {}
     with convgrad.config(algo="native", isa=isa, threads=2):
-        lib = native.engine().lib
-        try:
-            for bit in (0, 256):
-                lib.cg_engine_set_dbg(bit)
+        for bit in (0, 256):
+            with engine_dbg(bit):
                 got[bit] = convgrad.conv_weight_grad(x, dy, w.shape, **kw)
-        finally:
-            lib.cg_engine_set_dbg(0)
     for bit in (0, 256):
         assert_close(got[bit], want, np.float32)
     assert not np.array_equal(got[0], got[256])
@@ -1528,18 +1499,13 @@ def test_oix_tasks_take_every_tap_of_equal_block_ranges(monkeypatch):
 def test_packed_x_panels_find_their_tiles_once_a_call(isa, rng, monkeypatch):
     """pack_panel's tile starts computed once a call (engine debug bit 65536: per
     position) give the same bits on the short-lines path with uneven channel tiles."""
-    lib = native.engine().lib
     case = _geometry(2, c=40, o=50, size=7, k=3, pb=1, pe=1, n=3)
     x, w, dy = make_arrays(case, rng, np.float32, True)
     kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
     got = []
-    try:
-        for bit in (0, 65536):
-            lib.cg_engine_set_dbg(bit)
-            with convgrad.config(algo="native", isa=isa):
-                got.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
-    finally:
-        lib.cg_engine_set_dbg(0)
+    for bit in (0, 65536):
+        with convgrad.config(algo="native", isa=isa), engine_dbg(bit):
+            got.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
     np.testing.assert_array_equal(got[0], got[1])
     assert_close(got[0], reference_results(case, x, w, dy)[1], np.float32)
 
@@ -1561,7 +1527,6 @@ def test_weight_gradient_parts_stored_first_equal_zeroed_ones(isa, name, rng, mo
     tasks split the outputs (XIO and OIX results) or sum partial gradients, and equal to
     the reference; taps that read no input come out zero."""
     from convgrad.kernels import _blas
-    lib = native.engine().lib
     case = FRESH_CASES[name]
     x, w, dy = make_arrays(case, rng, np.float32, True)
     kw = {k: case[k] for k in ("strides", "pads_begin", "pads_end", "dilations", "groups")}
@@ -1570,19 +1535,15 @@ def test_weight_gradient_parts_stored_first_equal_zeroed_ones(isa, name, rng, mo
     for partials in (0, native.PARTIALS_BYTES):
         monkeypatch.setattr(native, "PARTIALS_BYTES", partials)
         got = []
-        try:
-            for bit in (1048576, 0):
-                lib.cg_engine_set_dbg(bit)
-                kernels.clear_choices()
-                with convgrad.config(algo="native", isa=isa):
-                    for _ in range(2):
-                        # scratch and partials left dirty: parts stored first must not
-                        # keep any of it (the OIX parts live in the thread scratch)
-                        for key in ("native-pack", "native-partials"):
-                            _blas.scratch(key, (1 << 20,), np.float32, zero=False).fill(np.nan)
-                        got.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
-        finally:
-            lib.cg_engine_set_dbg(0)
+        for bit in (1048576, 0):
+            kernels.clear_choices()
+            with convgrad.config(algo="native", isa=isa), engine_dbg(bit):
+                for _ in range(2):
+                    # scratch and partials left dirty: parts stored first must not
+                    # keep any of it (the OIX parts live in the thread scratch)
+                    for key in ("native-pack", "native-partials"):
+                        _blas.scratch(key, (1 << 20,), np.float32, zero=False).fill(np.nan)
+                    got.append(convgrad.conv_weight_grad(x, dy, w.shape, **kw))
         for other in got[1:]:
             np.testing.assert_array_equal(other, got[0])
         assert_close(got[0], want, np.float32)

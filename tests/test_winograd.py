@@ -21,7 +21,7 @@ from convgrad.geometry import make_geometry
 from convgrad.kernels import native, winograd
 
 from cases import caller_arrays, reference_results
-from conftest import assert_close, recycled_results_and_decisions
+from conftest import assert_close, engine_dbg, recycled_results_and_decisions
 
 if native.available() is not None:
     if os.environ.get("CONVGRAD_REQUIRE_PEERS") == "1":     # CI: the engine must build
@@ -307,13 +307,9 @@ def test_weight_gradient_items_convert_only_their_channels(isa, dtype, channels_
                                                           < plan.nob).any()
         want = reference_results(case, x, w, dy)[1]
         got = {}
-        try:
-            for bit in (0, 128):
-                eng.lib.cg_engine_set_dbg(bit)
-                with convgrad.config(algo="winograd"):
-                    got[bit] = convgrad.conv_weight_grad(x, dy, w.shape, **attrs(case))
-        finally:
-            eng.lib.cg_engine_set_dbg(0)
+        for bit in (0, 128):
+            with convgrad.config(algo="winograd"), engine_dbg(bit):
+                got[bit] = convgrad.conv_weight_grad(x, dy, w.shape, **attrs(case))
     assert_close(got[0], want, dtype)
     np.testing.assert_array_equal(got[0], got[128])
 
@@ -561,14 +557,10 @@ def _same_bits_with_debug_bit(isa, bit, case, x, w, dy):
     want = reference_results(case, x, w, dy)
     got = {}
     with convgrad.config(isa=isa):
-        lib = native.engine().lib
-        try:
-            for b in (0, bit):
-                lib.cg_engine_set_dbg(b)
+        for b in (0, bit):
+            with engine_dbg(b):
                 got[b] = [_winograd_with_tiles(m, case, x, w, dy)
                           for m in winograd.TILE_SIZES]
-        finally:
-            lib.cg_engine_set_dbg(0)
     for m in range(len(winograd.TILE_SIZES)):
         for k in range(3):
             assert got[0][m][k].dtype == x.dtype
@@ -730,15 +722,11 @@ def _streamed_like_plain(isa, case, rng, channels_last, decided, stream):
     decided.clear()
     got = {}
     with convgrad.config(isa=isa, algo="winograd"):
-        lib = native.engine().lib
-        try:
-            for bit in (0, 2048, 0):
-                lib.cg_engine_set_dbg(bit)
+        for bit in (0, 2048, 0):
+            with engine_dbg(bit):
                 out = convgrad.conv_data_grad(w, dy, x.shape, **attrs(case))
-                got.setdefault(bit, []).append(out.copy())
-                del out                     # (its memory back to the pool)
-        finally:
-            lib.cg_engine_set_dbg(0)
+            got.setdefault(bit, []).append(out.copy())
+            del out                         # (its memory back to the pool)
     assert decided == [False, stream, stream]
     for out in got[0] + got[2048]:
         np.testing.assert_array_equal(out, got[0][0])
@@ -1131,12 +1119,8 @@ def test_weight_gradient_tasks_of_one_item_are_fused(isa, r, c, o, size, dtype, 
         call = ops.describe("wgrad", xv, dyv, geom, np.dtype(dtype),
                             result_layouts=frozenset({"ncx" if not channels_last else "nxc"}))
         copied = "dw before the caller's copy" in winograd.memory(call)
-        try:
-            eng.lib.cg_engine_set_dbg(134217728)
-            with convgrad.config(algo="winograd"):
-                got["scalar"] = convgrad.conv_weight_grad(x, dy, w.shape, **attrs(case))
-        finally:
-            eng.lib.cg_engine_set_dbg(0)
+        with convgrad.config(algo="winograd"), engine_dbg(134217728, eng.lib):
+            got["scalar"] = convgrad.conv_weight_grad(x, dy, w.shape, **attrs(case))
         bad = x.copy()
         bad[(1, 3) + (2,) * r] = np.nan
         with convgrad.config(algo="winograd"):
@@ -1338,14 +1322,11 @@ def test_weight_gradients_stream_into_recycled_memory(isa, r, c, o, size, sums, 
         assert winograd._writes_oix(plan, layout) == (layout is not None)
         _results.clear()
         decided.clear()
-        try:
-            for bit in (0, 0, 2048, 0):
-                eng.lib.cg_engine_set_dbg(bit)
+        for bit in (0, 0, 2048, 0):
+            with engine_dbg(bit, eng.lib):
                 out = winograd.wgrad(xv, dyv, geom, result_layout=layout, out_dtype=half)
-                outs.append(out.copy())
-                del out                     # (its memory back to the pool)
-        finally:
-            eng.lib.cg_engine_set_dbg(0)
+            outs.append(out.copy())
+            del out                         # (its memory back to the pool)
         seen = list(decided)
         direct = native.wgrad(xv, dyv, geom)
     winograd.wgrad_plan.cache_clear()
