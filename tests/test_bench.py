@@ -2,6 +2,7 @@
 is timed: the tests check what the harness computes and records, on tiny layers."""
 
 import importlib.util
+import itertools
 import json
 import math
 import re
@@ -9,6 +10,7 @@ import re
 import numpy as np
 import pytest
 
+import convgrad
 from conftest import import_peer
 from convgrad.bench import Layer, Party, Prepared, Unsupported, load_suite, run_benchmark
 from convgrad.bench import peers as P
@@ -36,7 +38,7 @@ MODULE = {"torch": "torch", "tensorflow": "tensorflow", "jax": "jax", "openvino"
 
 
 def _all_parties():
-    return P.default_parties([f for f in P.FAMILIES if f not in ("copy", "fma")],
+    return P.default_parties([f for f in P.FAMILIES if f not in ("copy", "fma", "roof")],
                              dtypes=("float32", "float16", "bfloat16"),
                              low_precision_layouts=("NXC", "NCX"))
 
@@ -167,7 +169,7 @@ def test_no_party_follows_one_of_its_own_library():
                               (["convgrad", "torch", "jax"], ("float32", "float16"), ("NXC",))):
         names = [p.family for p in P.default_parties(fams, dtypes=dtypes,
                                                      low_precision_layouts=low)
-                 if p.family not in ("copy", "fma")]
+                 if p.family not in ("copy", "fma", "roof")]
         pairs = list(zip(names, names[1:] + names[:1]))
         assert not [a for a, b in pairs if a == b == "convgrad"], names
         assert ("torch", "torch") not in pairs, names
@@ -450,6 +452,73 @@ def test_fma_party_times_a_dense_rows_flops_as_fmas(tmp_path):
     summarize_entry(entry, {"fma": {"gflops": 2500.0}})
     assert entry["fma_peak_fraction"] == pytest.approx(0.8)
     assert entry["peak_fraction"] == pytest.approx(0.6) and entry["fma_fraction"] == 0.75
+
+
+def test_roof_party_moves_a_dense_rows_bytes_during_its_fmas(tmp_path):
+    """The roofline pseudo-party does a dense row's FLOPs (as the FMA party rounds them)
+    while it reads every line of the bytes the op reads (a NaN in any line reaches the
+    sums of exactly the task that owns it) and writes every line of its result; wgrad
+    reads x and dy and writes dw, dgrad reads dy and w and writes dx; it is timed on
+    dense rows only (back to back too), and the report sets it against the peak."""
+    from convgrad.kernels import native
+    if native.available() is not None:
+        pytest.skip("the roof party runs on the native engine")
+    rng = np.random.default_rng(5)
+    for isa, (flops, read, written, threads) in itertools.product(
+            native.info()["loaded"], ((10**6, 4096, 1000, 1), (3 * 10**6, 50_000, 7_777, 2),
+                                      (12_345_678, 200_003, 64, 3))):
+        with convgrad.config(isa=isa):              # (every build: 1, 2 or 4 vectors a line)
+            per_round = int(native.engine().lib.cg_fma_loop_flops())
+            go, done, (src, dst, sums) = native.roof_runner(flops, read, written, threads)
+        assert flops <= done < flops + per_round * threads and done % (per_round * threads) == 0
+        rlines, wlines = -(-read // 64), -(-written // 64)
+        assert src.size == 16 * rlines and dst.size == 16 * wlines
+        assert src.ctypes.data % 64 == 0 and dst.ctypes.data % 64 == 0
+        dst[:] = np.nan
+        go()
+        assert np.isfinite(dst).all() and np.isfinite(sums).all()
+        for line in {0, rlines - 1, int(rng.integers(rlines))}:
+            src[16 * line + 3] = np.nan
+            go()
+            owner = [k for k in range(threads)
+                     if k * rlines // threads <= line < (k + 1) * rlines // threads]
+            assert [k for k in range(threads) if np.isnan(sums[k])] == owner, line
+            src[16 * line + 3] = 1.0
+    layer = LAYERS[1]
+    x, y, w = (4 * int(np.prod(s)) for s in (layer.x_shape, layer.y_shape, layer.w_shape))
+    for op, read, written in (("wgrad", x + y, w), ("dgrad", y + w, x)):
+        info = P.RoofParty(2).prepare(layer, op, None).info
+        assert (info["read_bytes"], info["written_bytes"]) == (read, written)
+    record = run_benchmark(layers=[TINY[0], TINY[1]], parties=["convgrad", "fma", "roof"],
+                           repeat=3, warmup=0, out_dir=tmp_path, ceilings=False, pause=0.0,
+                           memory=False, scaling=None)
+    md = (tmp_path / "benchmark.md").read_text()
+    assert "roof (unsupported)" not in md
+    for e in record["results"]:
+        roof = e["parties"]["roof"]
+        assert "roof" not in _table(md)[(e["layer"], e["op"])]
+        if e["groups"] != 1:
+            assert roof["status"] == "unsupported" and "roof_ms" not in e
+            continue
+        assert roof["status"] == "ok" and len(roof["times_ms"]) == 3
+        assert len(roof["b2b_times_ms"]) == 3
+        assert e["roof_ms"] == roof["ms"] and e["roof_fraction"] == roof["ms"] / e["convgrad_ms"]
+        row = [ln for ln in md.split("## Dense rows: the FMA ceiling")[1].splitlines()
+               if ln.startswith(f"| {e['layer']} | {e['op']} |")][0]
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[8] == f"{roof['ms']:.2f}"
+    # against a given peak: the FLOPs over the roof party's times
+    entry = {"layer": "l", "op": "wgrad", "flops": 6e9, "io_bytes": 1,
+             "parties": {"cg": {"peer": False, "dtype": "float32", "family": "convgrad",
+                                "status": "ok", "ms": 4.0, "times_ms": [4.0], "b2b_ms": 3.5},
+                         "roof": {"peer": False, "dtype": "float32", "family": "roof",
+                                  "status": "ok", "ms": 3.2, "times_ms": [3.2],
+                                  "b2b_ms": 2.5}}}
+    summarize_entry(entry, {"fma": {"gflops": 2500.0}})
+    assert entry["roof_peak_fraction"] == pytest.approx(0.75)
+    assert entry["roof_fraction"] == pytest.approx(0.8)
+    assert entry["roof_b2b_peak_fraction"] == pytest.approx(0.96)
+    assert entry["convgrad_ms"] == 4.0 and "fma_ms" not in entry
 
 
 def test_dense_rows_are_also_timed_back_to_back(tmp_path):

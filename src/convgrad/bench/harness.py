@@ -345,8 +345,8 @@ SLOW_REPEAT = 3       # ... is timed this many times, without warm-up (JAX's gro
 
 def _back_to_back(layer: Layer, party: Party) -> bool:
     """Whether a party's call is also timed back to back on this row: convgrad's float32
-    parties and the FMA party, on dense rows (groups = 1)."""
-    return (layer.groups == 1 and party.family in ("convgrad", "fma")
+    parties, the FMA party and the roofline party, on dense rows (groups = 1)."""
+    return (layer.groups == 1 and party.family in ("convgrad", "fma", "roof")
             and party.dtype == "float32")
 
 
@@ -528,6 +528,17 @@ def summarize_entry(entry: dict, ceilings: dict) -> None:
             entry["fma_fraction"] = fma[0] / cg[best]
             entry["fma_peak_fraction"] = (entry["flops"] / (fma[0] / 1e3) / 1e9 / peak
                                           if peak else None)
+        roof = [n for n in timed if parties[n].get("family") == "roof"]
+        if roof:
+            # ... and while the bytes the op must read and write stream through memory
+            t = timed[roof[0]]
+            entry["roof_ms"] = t
+            entry["roof_fraction"] = t / cg[best]
+            entry["roof_peak_fraction"] = (entry["flops"] / (t / 1e3) / 1e9 / peak
+                                           if peak else None)
+            if "b2b_ms" in parties[roof[0]] and peak:
+                entry["roof_b2b_peak_fraction"] = (entry["flops"] / (parties[roof[0]]["b2b_ms"]
+                                                                     / 1e3) / 1e9 / peak)
     if fastest:
         entry["fastest_peer_gflops"] = entry["flops"] / (peers[fastest] / 1e3) / 1e9
         entry["peer_peak_fraction"] = entry["fastest_peer_gflops"] / peak if peak else None

@@ -29,7 +29,8 @@ from typing import Callable
 import numpy as np
 
 OPS = ("wgrad", "dgrad")
-FAMILIES = ("convgrad", "torch", "tensorflow", "jax", "openvino", "onnxruntime", "copy", "fma")
+FAMILIES = ("convgrad", "torch", "tensorflow", "jax", "openvino", "onnxruntime", "copy", "fma",
+            "roof")
 
 
 class Unsupported(Exception):
@@ -589,6 +590,27 @@ class FmaParty(_EngineMeasure):
         return Prepared(run=go, to_canonical=lambda r: r, info={"flops": flops})
 
 
+class RoofParty(_EngineMeasure):
+    """A dense row's FLOPs as the FMA party's loop while the bytes the op must move
+    stream through memory -- its inputs read (wgrad: x and dy; dgrad: dy and w), its
+    result written with streaming stores (float32), both spread evenly over the loop --
+    in one engine section after the same pause: the roofline ceiling of the row in the
+    run's state, FLOPs and bytes at once with no other work.  Dense rows only."""
+
+    name = "roof"
+    family = "roof"
+
+    def prepare(self, layer, op, inputs):
+        if layer.groups != 1:
+            raise Unsupported("the roofline ceiling is timed on dense rows (groups = 1) only")
+        from ..kernels import native
+        x, y, w = (4 * math.prod(s) for s in (layer.x_shape, layer.y_shape, layer.w_shape))
+        read, written = (x + y, w) if op == "wgrad" else (y + w, x)
+        go, flops, _ = native.roof_runner(layer.flops, read, written, self.threads)
+        return Prepared(run=go, to_canonical=lambda r: r,
+                        info={"flops": flops, "read_bytes": read, "written_bytes": written})
+
+
 def configure_threads(threads: int, families=FAMILIES) -> dict:
     """Set the thread count of every framework of ``families`` to ``threads``;
     returns what was set.
@@ -689,6 +711,8 @@ def default_parties(families=None, dtypes=("float32",), threads: int = 2,
         out.append(CopyParty(threads))
     if "fma" in fams:
         out.append(FmaParty(threads))
+    if "roof" in fams:
+        out.append(RoofParty(threads))
     return out
 
 

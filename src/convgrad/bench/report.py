@@ -47,7 +47,8 @@ def _columns(record: dict) -> list[str]:
     names = record["parties"]
     cg = [n for n in names if n.startswith("convgrad") and n.count(" ") == 1]
     peers = [n for n in PEER_COLUMNS if n in names]
-    others = [n for n in names if n not in cg and n not in peers and n not in ("copy", "fma")
+    others = [n for n in names if n not in cg and n not in peers
+              and n not in ("copy", "fma", "roof")
               and not (n.startswith("convgrad") and n.count(" ") > 1)]
     return cg + peers + others
 
@@ -159,12 +160,18 @@ def markdown(record: dict) -> str:
                   "run's threads (one engine section, the least Python a call takes), timed "
                   "in the row's rotation after the same pause: what the machine gives a call "
                   "of that many FLOPs in the run's state.  % peak as in the main table (of "
-                  "the back-to-back FMA peak); % of the ceiling: FMA-only ms / convgrad ms.",
+                  "the back-to-back FMA peak); % of the ceiling: FMA-only ms / convgrad ms.  "
+                  "FMA + bytes: the same loop while the bytes the op must move stream "
+                  "through memory (its inputs read, its float32 result written with "
+                  "streaming stores, both spread over the loop): the row's roofline in the "
+                  "run's state.",
                   "", "| layer | op | GFLOP | convgrad ms | % peak | FMA-only ms | "
-                  "FMA-only % peak | % of the ceiling |", "|---|---|--:|--:|--:|--:|--:|--:|"]
+                  "FMA-only % peak | % of the ceiling | FMA + bytes ms | FMA + bytes % peak |",
+                  "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
         for e in ceiling:
             lines.append(_dense_row(e, f"{e['fma_ms']:.2f}", _pct(e.get("fma_peak_fraction")),
-                                    _pct(e.get("fma_fraction"))))
+                                    _pct(e.get("fma_fraction")), _f(e.get("roof_ms"), ".2f"),
+                                    _pct(e.get("roof_peak_fraction"))))
 
     sustained = [e for e in record["results"] if "b2b_ms" in e]
     if sustained:
@@ -172,12 +179,15 @@ def markdown(record: dict) -> str:
                   "Back to back: convgrad's float32 call made again at once after each "
                   "timed call (no pause; the fastest of its layouts, median), the state the "
                   "FMA peak is measured in; after the pause: the main table's time.  % peak "
-                  "of the FMA peak; FMA-only: the FMA party's call made again at once.", "",
+                  "of the FMA peak; FMA-only, FMA + bytes: those parties' calls made again "
+                  "at once.", "",
                   "| layer | op | GFLOP | after the pause ms | % peak | back to back ms | "
-                  "% peak | FMA-only back to back % peak |", "|---|---|--:|--:|--:|--:|--:|--:|"]
+                  "% peak | FMA-only back to back % peak | FMA + bytes back to back % peak |",
+                  "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
         for e in sustained:
             lines.append(_dense_row(e, f"{e['b2b_ms']:.2f}", _pct(e.get("b2b_peak_fraction")),
-                                    _pct(e.get("fma_b2b_peak_fraction"))))
+                                    _pct(e.get("fma_b2b_peak_fraction")),
+                                    _pct(e.get("roof_b2b_peak_fraction"))))
 
     dw = [e for e in record["results"] if e["depthwise"]]
     if dw:
@@ -254,7 +264,7 @@ def markdown(record: dict) -> str:
     notes, no_op = [], set()
     for e in record["results"]:
         for n, r in e["parties"].items():
-            if r.get("status") == "unsupported" and r.get("family") in ("copy", "fma"):
+            if r.get("status") == "unsupported" and r.get("family") in ("copy", "fma", "roof"):
                 continue  # the pseudo-parties are timed on some rows only: no refusal
             if r.get("status") == "unsupported" and r.get("error", "").endswith(" op"):
                 no_op.add(r["error"])  # the party has no such op at all: said once below

@@ -214,6 +214,11 @@ class _Wgrad(ctypes.Structure):
                 ("out_dtype", _I64)]
 
 
+class _StreamFma(ctypes.Structure):
+    _fields_ = [("src", ctypes.c_void_p), ("dst", ctypes.c_void_p), ("rlines", _I64),
+                ("wlines", _I64), ("rounds", _I64), ("tasks", _I64), ("sums", ctypes.c_void_p)]
+
+
 class _PartsSum(ctypes.Structure):
     _fields_ = [("parts", ctypes.c_void_p), ("n", _I64), ("stride", _I64),
                 ("out", ctypes.c_void_p)]
@@ -456,6 +461,34 @@ def fma_runner(flops: int, threads: int):
     go = _bound.runner(lib, _bound.task_table(lib, "cg_fma_task", [(iters,)] * threads),
                        threads)
     return go, iters * per_iter * threads
+
+
+def roof_runner(flops: int, read_bytes: int, write_bytes: int, threads: int):
+    """:func:`fma_runner`'s FMA loop while ``read_bytes`` are read and ``write_bytes``
+    written with streaming stores, both spread evenly over its rounds (engine.cpp:
+    cg_stream_fma_task), in 64-byte lines of buffers of its own (touched once here): a
+    call that does a row's FLOPs and moves the bytes it must, with nothing else.  The
+    function, the FLOPs it does, and its ``(source, destination, per-task sums)``."""
+    lib = engine().lib
+    threads = max(1, threads)
+    per_round = int(lib.cg_fma_loop_flops())
+    rounds = max(1, -(-flops // (per_round * threads))) * threads
+    rlines, wlines = -(-read_bytes // 64), -(-write_bytes // 64)
+    bufs = (_lines(rlines, 1.0), _lines(wlines, 0.0), np.zeros(threads, np.float32))
+    desc = _StreamFma(bufs[0].ctypes.data, bufs[1].ctypes.data, rlines, wlines, rounds,
+                      threads, bufs[2].ctypes.data)
+    go = _bound.runner(lib, _bound.task_table(
+        lib, "cg_stream_fma_task", [(ctypes.addressof(desc), k) for k in range(threads)]),
+        threads)
+    go.keep = (go.table, desc, bufs)
+    return go, rounds * per_round, bufs
+
+
+def _lines(n: int, value: float) -> np.ndarray:
+    """n 64-byte lines of float32 ``value``, 64-byte aligned."""
+    raw = np.full(n * 16 + 16, value, np.float32)
+    off = (-raw.ctypes.data % 64) // 4
+    return raw[off:off + n * 16]
 
 
 def supports(geom: ConvGeometry, dtype) -> str | None:

@@ -1708,6 +1708,72 @@ void cg_fma_task(int64_t iters) {
     sink = cg_fma_loop(iters);
 }
 
+// The benchmark's FMA-and-bytes ceiling: cg_fma_loop's rounds while the lines of a
+// source are read (each line's vectors the addends of a round's first multiply-adds:
+// no extra operations) and the lines of a destination written with streaming stores,
+// both spread evenly over the rounds -- a row's FLOPs and the bytes it must read and
+// write, moved with the least work there is.  Task k of `tasks` takes its share of the
+// rounds and lines and leaves its sums' total in sums[k] (so the loads stay).
+struct StreamFma {
+    const float* src;
+    float* dst;
+    int64_t rlines, wlines, rounds, tasks;
+    float* sums;
+};
+
+void cg_stream_fma_task(const StreamFma* d, int64_t k) {
+    constexpr int LV = 64 / (VL * 4) > 0 ? 64 / (VL * 4) : 1;     // vectors a line
+    static_assert(LV <= ACC, "a line's vectors are addends of one round");
+    const int64_t n = d->tasks;
+    const int64_t r0 = k * d->rlines / n, R = (k + 1) * d->rlines / n - r0;
+    const int64_t w0 = k * d->wlines / n, W = (k + 1) * d->wlines / n - w0;
+    const int64_t it = std::max<int64_t>(1, (k + 1) * d->rounds / n - k * d->rounds / n);
+    const float* src = d->src + r0 * 16;
+    float* dst = d->dst + w0 * 16;
+    vf acc[ACC];
+#pragma GCC unroll 32
+    for (int i = 0; i < ACC; i++) acc[i] = bcast(0.001f * (float)i);
+    const vf a = bcast(0.999f), b = bcast(0.0001f);
+    // round i ends with floor((i + 1) R / it) lines read and floor((i + 1) W / it)
+    // written (error terms instead of divisions; a dense row moves at most one line of
+    // each a round: >= 25 FLOP a byte)
+    int64_t rd = 0, wr = 0, re = 0, we = 0;
+    for (int64_t i = 0; i < it; i++) {
+        vf add[LV];
+#pragma GCC unroll 4
+        for (int v = 0; v < LV; v++) add[v] = b;
+        re += R;
+        if (re >= it) {
+            re -= it;
+#pragma GCC unroll 4
+            for (int v = 0; v < LV; v++) add[v] = load(src + rd * 16 + v * VL);
+            rd++;
+        }
+#pragma GCC unroll 32
+        for (int q = 0; q < ACC; q++) acc[q] = acc[q] * a + (q < LV ? add[q < LV ? q : 0] : b);
+        we += W;
+        if (we >= it) {
+            we -= it;
+#pragma GCC unroll 4
+            for (int v = 0; v < LV; v++) stream_store(dst + wr * 16 + v * VL, acc[v]);
+            wr++;
+        }
+    }
+    for (; rd < R; rd++)                       // (lines left by rounding: none in practice)
+#pragma GCC unroll 4
+        for (int v = 0; v < LV; v++) acc[v] += load(src + rd * 16 + v * VL);
+    for (; wr < W; wr++)
+#pragma GCC unroll 4
+        for (int v = 0; v < LV; v++) stream_store(dst + wr * 16 + v * VL, acc[v]);
+    stream_fence();
+    vf t = acc[0];
+#pragma GCC unroll 32
+    for (int i = 1; i < ACC; i++) t += acc[i];
+    float s = 0.0f;
+    for (int j = 0; j < VL; j++) s += t[j];
+    d->sums[k] = s;
+}
+
 // n values of dtype (float32, float16, bfloat16) converted to floats.
 void cg_load_floats(float* dst, const void* src, int64_t dtype, int64_t n) {
     convert_run(dst, src, dtype, 1, n);
