@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test test-fast fuzz fuzz-long bench bench-dask install install-peers clean docs
+.PHONY: demo test test-fast fuzz fuzz-long conformance-long bench bench-dask install install-peers clean docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,14 @@ fuzz: install
 # Open-ended fuzzing through Hypothesis' fuzz_one_input (random bytes, hang watchdog).
 fuzz-long: install
 	$(BIN)/python tests/fuzz_convgrad.py --target both --seconds $${FUZZ_SECONDS:-600}
+
+# The conformance modules with more random cases: PyTorch, TensorFlow and OpenVINO
+# CONFORMANCE_SCALE times as many, the oneDNN Graph library ONEDNN_CASES per op.
+conformance-long: install-peers
+	CONVGRAD_CONFORMANCE_SCALE=$${CONFORMANCE_SCALE:-20} \
+	CONVGRAD_ONEDNN_CASES=$${ONEDNN_CASES:-1000} \
+	$(BIN)/python -m pytest -q -n 2 tests/test_conformance_torch.py tests/test_conformance_tf.py \
+	    tests/test_conformance_openvino.py tests/test_conformance_onednn_graph.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

@@ -38,6 +38,7 @@ result, saturated to int8 as the runtime's integer rule says, and marked xfail.
 
 import copy
 import itertools
+import os
 import zlib
 
 import numpy as np
@@ -385,6 +386,29 @@ def _sweep():
 CASES = _sweep()
 
 
+def _more(count):
+    """``count`` more float32 cases of each backprop (op, auto_pad, output_shape kind) and
+    forward (op, auto_pad), ranks, spellings and extras drawn at random (seeds 1000 on):
+    what `make conformance-long` adds (CONVGRAD_CONFORMANCE_SCALE=k: k - 1 of each)."""
+    cases = []
+    for seed in range(1000, 1000 + count):
+        rng = np.random.default_rng(seed)
+        for kind, mode, os_kind in itertools.product(BACKPROP, MODES, OS_KINDS):
+            rank, upper = int(rng.integers(1, 4)), bool(rng.random() < 0.5)
+            extra = {"w_const": bool(rng.random() < 0.3)}
+            if os_kind is not None:
+                extra["os_dtype"] = (np.int32, np.int64)[int(rng.integers(0, 2))]
+                extra["os_full"] = bool(rng.random() < 0.3)
+            cases.append(_backprop_case(rng, kind, mode, os_kind, rank, upper, **extra))
+        for kind, mode in itertools.product(("conv", "gconv"), MODES):
+            cases.append(_forward_case(rng, kind, mode, int(rng.integers(1, 4)),
+                                       bool(rng.random() < 0.5), w_const=False))
+    return cases
+
+
+MORE = _more(max(0, int(os.environ.get("CONVGRAD_CONFORMANCE_SCALE", "1")) - 1))
+
+
 # ----------------------------------------------------------------------------
 # A known CPU-plugin discrepancy
 # ----------------------------------------------------------------------------
@@ -469,6 +493,12 @@ def test_sweep(case):
         # The case must actually saturate, in both directions.
         assert (want == info.max).any() and (want == info.min).any()
 
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in MORE])
+def test_more(case):
+    """The long run's random cases (none unless CONVGRAD_CONFORMANCE_SCALE > 1)."""
+    check_case(case)
 
 def test_sweep_coverage():
     """The seeded sweep covers what it claims to (a guard against generator drift)."""

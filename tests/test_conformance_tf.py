@@ -511,6 +511,9 @@ def check(c):
     if tf_dtype is not None:
         assert tf_dtype == c.dtype, (msg, tf_dtype)
     assert got.shape == want.shape, (msg, got.shape, want.shape)
+    if not np.abs(want).max() > 0 and c.op in COUNTS and c.i >= COUNTS[c.op]:
+        pytest.skip("a draw of the long run whose products all cancel")  # (e.g. 507 of the
+        # depthwise filter gradient: both sides give exact zeros)
     assert np.abs(want).max() > 0, (msg, "degenerate case: all-zero reference")
     assert_close(got, want, c.dtype)
     return route
@@ -525,7 +528,9 @@ COUNTS = {"conv2d_backprop_filter": 28, "conv2d_backprop_input": 28,
           "depthwise_conv2d_native_backprop_filter": 18,
           "depthwise_conv2d_native_backprop_input": 18,
           "conv1d_transpose": 10, "conv2d_transpose": 16}
-SWEEP = {op: [gen(op, i) for i in range(k)] for op, k in COUNTS.items()}
+# CONVGRAD_CONFORMANCE_SCALE=k (`make conformance-long`): k times as many cases per op.
+SCALE = max(1, int(os.environ.get("CONVGRAD_CONFORMANCE_SCALE", "1")))
+SWEEP = {op: [gen(op, i) for i in range(k * SCALE)] for op, k in COUNTS.items()}
 # float16 / bfloat16: two of each op.
 LOWP = [gen(op, 100 + j, dtype=dt)
         for op in OPS for j, dt in enumerate((F16, BF16))]

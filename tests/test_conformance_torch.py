@@ -448,15 +448,17 @@ def _ids(cases):
 # oneDNN Graph dialect, random configurations
 # ----------------------------------------------------------------------------
 
-CBW = [gen_conv("cbw", i) for i in range(12)]
-CBPF = [gen_conv("cbpf", i) for i in range(6)]
-CTBW = [gen_convt("ctbw", i) for i in range(12)]
-CTBPF = [gen_convt("ctbpf", i) for i in range(8)]
-CBD = [gen_conv("cbd", i) for i in range(8)]
-CBD_NO_DST = [gen_convt("cbd0", i, wfs=CONV_WFS) for i in range(8)]
-CTBD = [gen_convt("ctbd", i) for i in range(10)]
-CONV = [gen_conv("conv", i) for i in range(6)]
-CONVT = [gen_convt("convt", i) for i in range(10)]
+# CONVGRAD_CONFORMANCE_SCALE=k (`make conformance-long`): k times as many cases per op.
+SCALE = max(1, int(os.environ.get("CONVGRAD_CONFORMANCE_SCALE", "1")))
+CBW = [gen_conv("cbw", i) for i in range(12 * SCALE)]
+CBPF = [gen_conv("cbpf", i) for i in range(6 * SCALE)]
+CTBW = [gen_convt("ctbw", i) for i in range(12 * SCALE)]
+CTBPF = [gen_convt("ctbpf", i) for i in range(8 * SCALE)]
+CBD = [gen_conv("cbd", i) for i in range(8 * SCALE)]
+CBD_NO_DST = [gen_convt("cbd0", i, wfs=CONV_WFS) for i in range(8 * SCALE)]
+CTBD = [gen_convt("ctbd", i) for i in range(10 * SCALE)]
+CONV = [gen_conv("conv", i) for i in range(6 * SCALE)]
+CONVT = [gen_convt("convt", i) for i in range(10 * SCALE)]
 
 
 @pytest.mark.parametrize("c", CBW, ids=_ids(CBW))
