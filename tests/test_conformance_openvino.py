@@ -494,11 +494,11 @@ def test_sweep(case):
         assert (want == info.max).any() and (want == info.min).any()
 
 
-
 @pytest.mark.parametrize("case", [_param(c) for c in MORE])
 def test_more(case):
     """The long run's random cases (none unless CONVGRAD_CONFORMANCE_SCALE > 1)."""
     check_case(case)
+
 
 def test_sweep_coverage():
     """The seeded sweep covers what it claims to (a guard against generator drift)."""
