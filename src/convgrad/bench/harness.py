@@ -469,6 +469,11 @@ def _is_convgrad(res: dict) -> bool:
     return family == "convgrad" if family is not None else not res["peer"]
 
 
+def _of_peak(flops: float, ms: float, peak: float | None) -> float | None:
+    """The fraction of the FMA peak (GFLOP/s) that ``flops`` in ``ms`` reach."""
+    return flops / (ms / 1e3) / 1e9 / peak if peak else None
+
+
 def summarize_entry(entry: dict, ceilings: dict) -> None:
     """Add convgrad best, fastest peer, ratio, fractions of the ceilings and 16-bit ratios."""
     parties = entry["parties"]
@@ -511,34 +516,24 @@ def summarize_entry(entry: dict, ceilings: dict) -> None:
             # the same bytes moved by a plain copy in the same rotation, after the same pause
             entry["copy_ms"] = copy[0]
             entry["copy_fraction"] = copy[0] / cg[best]
-        # back to back (run_problem): convgrad's fastest float32 party and the FMA party
+        # back to back (run_problem): convgrad's fastest float32 party
         b2b = [parties[n]["b2b_ms"] for n in cg if "b2b_ms" in parties[n]]
         if b2b:
             entry["b2b_ms"] = min(b2b)
-            entry["b2b_peak_fraction"] = (entry["flops"] / (min(b2b) / 1e3) / 1e9 / peak
-                                          if peak else None)
-        fma_b2b = [parties[n]["b2b_ms"] for n in timed
-                   if parties[n].get("family") == "fma" and "b2b_ms" in parties[n]]
-        if fma_b2b and peak:
-            entry["fma_b2b_peak_fraction"] = entry["flops"] / (fma_b2b[0] / 1e3) / 1e9 / peak
-        fma = [t for n, t in timed.items() if parties[n].get("family") == "fma"]
-        if fma:
-            # the row's FLOPs as nothing but FMAs, in the same rotation after the same pause
-            entry["fma_ms"] = fma[0]
-            entry["fma_fraction"] = fma[0] / cg[best]
-            entry["fma_peak_fraction"] = (entry["flops"] / (fma[0] / 1e3) / 1e9 / peak
-                                          if peak else None)
-        roof = [n for n in timed if parties[n].get("family") == "roof"]
-        if roof:
-            # ... and while the bytes the op must read and write stream through memory
-            t = timed[roof[0]]
-            entry["roof_ms"] = t
-            entry["roof_fraction"] = t / cg[best]
-            entry["roof_peak_fraction"] = (entry["flops"] / (t / 1e3) / 1e9 / peak
-                                           if peak else None)
-            if "b2b_ms" in parties[roof[0]] and peak:
-                entry["roof_b2b_peak_fraction"] = (entry["flops"] / (parties[roof[0]]["b2b_ms"]
-                                                                     / 1e3) / 1e9 / peak)
+            entry["b2b_peak_fraction"] = _of_peak(entry["flops"], min(b2b), peak)
+        # the row's FLOPs as nothing but FMAs (fma), and the same while the bytes the op
+        # must read and write stream through memory (roof), in the same rotation after
+        # the same pause, and back to back
+        for fam in ("fma", "roof"):
+            names = [n for n in timed if parties[n].get("family") == fam]
+            if not names:
+                continue
+            t, r = timed[names[0]], parties[names[0]]
+            entry[f"{fam}_ms"] = t
+            entry[f"{fam}_fraction"] = t / cg[best]
+            entry[f"{fam}_peak_fraction"] = _of_peak(entry["flops"], t, peak)
+            if "b2b_ms" in r and peak:
+                entry[f"{fam}_b2b_peak_fraction"] = _of_peak(entry["flops"], r["b2b_ms"], peak)
     if fastest:
         entry["fastest_peer_gflops"] = entry["flops"] / (peers[fastest] / 1e3) / 1e9
         entry["peer_peak_fraction"] = entry["fastest_peer_gflops"] / peak if peak else None
