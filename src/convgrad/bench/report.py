@@ -43,6 +43,16 @@ def _dense_row(e: dict, *cells: str) -> str:
                               *cells]) + " |"
 
 
+def _dense_table(title: str, about: str, columns: list[str], rows) -> list[str]:
+    """A section of dense-row tables: its title, what it shows, the header (layer, op,
+    GFLOP, then ``columns``, numbers right-aligned) and a :func:`_dense_row` for each
+    ``(entry, *cells)`` of ``rows``."""
+    return (["", f"## {title}", "", about, "",
+             "| " + " | ".join(["layer", "op", "GFLOP", *columns]) + " |",
+             "|---|---|" + "--:|" * (1 + len(columns))]
+            + [_dense_row(e, *cells) for e, *cells in rows])
+
+
 def _columns(record: dict) -> list[str]:
     names = record["parties"]
     cg = [n for n in names if n.startswith("convgrad") and n.count(" ") == 1]
@@ -155,39 +165,37 @@ def markdown(record: dict) -> str:
 
     ceiling = [e for e in record["results"] if "fma_ms" in e]
     if ceiling:
-        lines += ["", "## Dense rows: the FMA ceiling after the pause", "",
-                  "FMA-only ms: the row's FLOPs as nothing but the engine's FMA loop on the "
-                  "run's threads (one engine section, the least Python a call takes), timed "
-                  "in the row's rotation after the same pause: what the machine gives a call "
-                  "of that many FLOPs in the run's state.  % peak as in the main table (of "
-                  "the back-to-back FMA peak); % of the ceiling: FMA-only ms / convgrad ms.  "
-                  "FMA + bytes: the same loop while the bytes the op must move stream "
-                  "through memory (its inputs read, its float32 result written with "
-                  "streaming stores, both spread over the loop): the row's roofline in the "
-                  "run's state.",
-                  "", "| layer | op | GFLOP | convgrad ms | % peak | FMA-only ms | "
-                  "FMA-only % peak | % of the ceiling | FMA + bytes ms | FMA + bytes % peak |",
-                  "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
-        for e in ceiling:
-            lines.append(_dense_row(e, f"{e['fma_ms']:.2f}", _pct(e.get("fma_peak_fraction")),
-                                    _pct(e.get("fma_fraction")), _f(e.get("roof_ms"), ".2f"),
-                                    _pct(e.get("roof_peak_fraction"))))
+        lines += _dense_table(
+            "Dense rows: the FMA ceiling after the pause",
+            "FMA-only ms: the row's FLOPs as nothing but the engine's FMA loop on the "
+            "run's threads (one engine section, the least Python a call takes), timed "
+            "in the row's rotation after the same pause: what the machine gives a call "
+            "of that many FLOPs in the run's state.  % peak as in the main table (of "
+            "the back-to-back FMA peak); % of the ceiling: FMA-only ms / convgrad ms.  "
+            "FMA + bytes: the same loop while the bytes the op must move stream "
+            "through memory (its inputs read, its float32 result written with "
+            "streaming stores, both spread over the loop): the row's roofline in the "
+            "run's state.",
+            ["convgrad ms", "% peak", "FMA-only ms", "FMA-only % peak", "% of the ceiling",
+             "FMA + bytes ms", "FMA + bytes % peak"],
+            [(e, f"{e['fma_ms']:.2f}", _pct(e.get("fma_peak_fraction")),
+              _pct(e.get("fma_fraction")), _f(e.get("roof_ms"), ".2f"),
+              _pct(e.get("roof_peak_fraction"))) for e in ceiling])
 
     sustained = [e for e in record["results"] if "b2b_ms" in e]
     if sustained:
-        lines += ["", "## Dense rows back to back", "",
-                  "Back to back: convgrad's float32 call made again at once after each "
-                  "timed call (no pause; the fastest of its layouts, median), the state the "
-                  "FMA peak is measured in; after the pause: the main table's time.  % peak "
-                  "of the FMA peak; FMA-only, FMA + bytes: those parties' calls made again "
-                  "at once.", "",
-                  "| layer | op | GFLOP | after the pause ms | % peak | back to back ms | "
-                  "% peak | FMA-only back to back % peak | FMA + bytes back to back % peak |",
-                  "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
-        for e in sustained:
-            lines.append(_dense_row(e, f"{e['b2b_ms']:.2f}", _pct(e.get("b2b_peak_fraction")),
-                                    _pct(e.get("fma_b2b_peak_fraction")),
-                                    _pct(e.get("roof_b2b_peak_fraction"))))
+        lines += _dense_table(
+            "Dense rows back to back",
+            "Back to back: convgrad's float32 call made again at once after each "
+            "timed call (no pause; the fastest of its layouts, median), the state the "
+            "FMA peak is measured in; after the pause: the main table's time.  % peak "
+            "of the FMA peak; FMA-only, FMA + bytes: those parties' calls made again "
+            "at once.",
+            ["after the pause ms", "% peak", "back to back ms", "% peak",
+             "FMA-only back to back % peak", "FMA + bytes back to back % peak"],
+            [(e, f"{e['b2b_ms']:.2f}", _pct(e.get("b2b_peak_fraction")),
+              _pct(e.get("fma_b2b_peak_fraction")), _pct(e.get("roof_b2b_peak_fraction")))
+             for e in sustained])
 
     dw = [e for e in record["results"] if e["depthwise"]]
     if dw:
