@@ -91,6 +91,29 @@ def test_half_results_from_the_pool_keep_their_dtype(dtype, layout, rng):
     assert _results.recycled(_results.empty((2, 64, 64, 64), dt))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", ">f4", "bfloat16"])
+def test_pool_arrays_have_the_shape_dtype_and_lifetime_asked(dtype):
+    """Every float dtype comes out C-contiguous, aligned, of the shape asked, owned by
+    its lease (native float dtypes straight from the lease, the others as its bytes
+    viewed), and its buffer goes back to the pool only when a view of it is gone."""
+    from convgrad.dtypes import bfloat16
+    dt = bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    shape = (4, 5, 7, 4099)                           # (16-bit: over MIN_BYTES)
+    a = _results.empty(shape, dt)
+    assert a.dtype == dt and a.shape == shape and a.flags.c_contiguous and a.flags.writeable
+    assert address(a) % _results.ALIGN == 0 and _leased(a) and not _results.recycled(a)
+    a[...] = 3
+    view = a[1, ::2]
+    del a
+    gc.collect()
+    assert _results.idle_bytes() == 0                     # the view keeps it leased
+    assert float(np.asarray(view, np.float64).sum()) == 3 * view.size
+    del view
+    gc.collect()
+    b = _results.empty(shape, dt)
+    assert _results.recycled(b) and b.shape == shape and b.dtype == dt
+
+
 def _leased(a):
     while isinstance(a, np.ndarray):
         a = a.base
