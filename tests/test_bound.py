@@ -231,6 +231,33 @@ def test_bound_calls_equal_the_full_path_on_new_arrays(rng, case):
     np.testing.assert_allclose(np.asarray(got[-1], np.float64), ref, atol=tol * scale)
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_a_bound_call_runs_no_import_machinery(rng, case):
+    """No function-level (relative) import on a bound call's path: each runs importlib's
+    Python, whose cold code cost microseconds a call after a pause of the process
+    (docs/kernels.md, "Where a call's time goes after the pause")."""
+    import sys
+    call, make = CASES[case](rng)
+    args = make()
+    call(*args)
+    call(*args)
+    assert _bound_runners()
+    entered = []
+
+    def watch(frame, event, arg):
+        if event == "call" and "importlib" in frame.f_code.co_filename:
+            back = frame.f_back
+            while back is not None and "importlib" in back.f_code.co_filename:
+                back = back.f_back
+            entered.append(f"{back.f_code.co_filename}:{back.f_lineno}" if back else "?")
+    sys.setprofile(watch)
+    try:
+        call(*args)
+    finally:
+        sys.setprofile(None)
+    assert entered == []
+
+
 def test_a_bound_call_results_are_owned_and_writable(rng):
     call, make = CASES["depthwise dgrad NXC"](rng)
     a = make()

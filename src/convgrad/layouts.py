@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._late import module as _late
+
 
 @dataclass(frozen=True)
 class DataLayout:
@@ -221,6 +223,5 @@ def contiguous(a: np.ndarray) -> np.ndarray:
     (``kernels.native.permuted_copy``)."""
     if a.flags.c_contiguous:
         return a
-    from .kernels.native import permuted_copy
-    out = permuted_copy(a)
+    out = _late("convgrad.kernels.native").permuted_copy(a)
     return np.ascontiguousarray(a) if out is None else out

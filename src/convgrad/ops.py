@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernels, settings
+from ._late import module as _late
 from .dtypes import compute_dtype
 from .geometry import ConvGeometry
 
@@ -177,8 +178,7 @@ _F16 = np.dtype(np.float16)
 
 
 def _f16_to_f32(t: np.ndarray) -> np.ndarray:
-    from ._half import to_float32          # numba: imported on first float16 call
-    return to_float32(t)
+    return _late("convgrad._half").to_float32(t)         # (numba: on the first call)
 
 
 _WEIGHT_ARGS = {"fwd": (False, True), "wgrad": (False, False), "dgrad": (True, False)}

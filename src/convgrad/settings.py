@@ -17,6 +17,10 @@ import contextlib
 import contextvars
 import numbers
 
+# (at module level: a relative import inside a function runs importlib's Python on
+# every call, which after a pause of the process costs a call microseconds)
+from . import memory
+
 WORKSPACE_FRACTION = 1 / 32
 MIN_WORKSPACE_BYTES = 64 * 2**20
 FALLBACK_WORKSPACE_BYTES = 512 * 2**20
@@ -39,8 +43,7 @@ def algo() -> str:
 
 def default_workspace_bytes() -> int:
     """The workspace budget when none is set: a fraction of the available memory."""
-    from .memory import available_bytes
-    avail = available_bytes()
+    avail = memory.available_bytes()
     if avail is None:
         return FALLBACK_WORKSPACE_BYTES
     return max(MIN_WORKSPACE_BYTES, int(avail * WORKSPACE_FRACTION))

@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from .. import kernels, layouts, memory, ops, settings
+from .._late import module as _late
 from ..dtypes import FLOAT_DTYPES, as_array, common_dtype
 from ..errors import fail
 from ..geometry import ConvGeometry, MAX_DIM
@@ -263,12 +264,12 @@ def cast_result(out: np.ndarray, dtype: np.dtype, *, order: str = "K") -> np.nda
         out = _saturate(out, dtype)
     if out.dtype == dtype:
         return out
-    from ..kernels import native    # (large float32 results to 16 bits: the engine's threads)
-    fast = native.narrowed_copy(out, dtype)
+    # (large float32 results to 16 bits: the engine's threads)
+    fast = _late("convgrad.kernels.native").narrowed_copy(out, dtype)
     if fast is not None:
         return fast
     if dtype == np.float16:
-        from .._half import to_float16     # NumPy's float16 cast is slow
+        to_float16 = _late("convgrad._half").to_float16     # NumPy's float16 cast is slow
         if out.flags.c_contiguous:
             return to_float16(out)
         if order == "K" and out.ndim > 2:  # a channels-last result seen as NCX

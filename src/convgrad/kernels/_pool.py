@@ -18,6 +18,9 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 
+import numpy as np
+
+from . import _blas
 from ._bound import address
 
 _POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
@@ -120,7 +123,6 @@ def run_native(lib, fn: str, args: list[tuple], threads: int,
     addr = _ADDRESSES.get(key)
     if addr is None:
         addr = _ADDRESSES[key] = ctypes.cast(getattr(lib, fn), ctypes.c_void_p).value
-    import numpy as np
     tasks = np.array([(addr, len(a), *a) + (0,) * (4 - len(a)) for a in args], np.int64)
     base, per = scratch if scratch is not None else (None, 0)
     lib.cg_run_tasks(address(tasks), len(args), max(1, threads), base, per)
@@ -143,10 +145,8 @@ def thread_scratch(key: str, floats: int, threads: int):
     :func:`run_native` section, in one buffer of the calling thread
     (``_blas.scratch``), each thread's part 64-byte aligned as the buffer is:
     (the buffer, to keep while the section runs; its ``scratch`` argument)."""
-    import numpy as np
-    from ._blas import scratch
     per = scratch_bytes(floats) // 4
-    buf = scratch(key, (threads * per,), np.float32, zero=False)
+    buf = _blas.scratch(key, (threads * per,), np.float32, zero=False)
     return buf, (address(buf), per * 4)
 
 

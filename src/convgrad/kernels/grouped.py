@@ -31,7 +31,7 @@ import numpy as np
 
 from .. import settings
 from ..geometry import ConvGeometry
-from . import _bound, _pool, _results, native
+from . import _blas, _bound, _pool, _results, native
 from ._blas import scratch
 
 # Per-thread scratch target: packed source lines (kept while the tiles of the
@@ -422,8 +422,7 @@ def _chunks(geom, lin, lout, istep, ostep, tapstep, wph, grp, seg, segk, sz: _Ch
 
 def _threads(nbytes: int) -> int:
     n = settings.threads()
-    from ._blas import cpu_count
-    n = cpu_count() if n is None else n
+    n = _blas.cpu_count() if n is None else n
     return 1 if nbytes < SERIAL_BYTES else max(1, n)
 
 
