@@ -2,6 +2,7 @@
 runs its kept decisions on the new arrays.  They must give what the full path gives,
 bit for bit, for arrays anywhere in memory, from any thread, and never skip admission."""
 
+import sys
 import threading
 
 import ml_dtypes
@@ -236,7 +237,6 @@ def test_a_bound_call_runs_no_import_machinery(rng, case):
     """No function-level (relative) import on a bound call's path: each runs importlib's
     Python, whose cold code cost microseconds a call after a pause of the process
     (docs/kernels.md, "Where a call's time goes after the pause")."""
-    import sys
     call, make = CASES[case](rng)
     args = make()
     call(*args)
