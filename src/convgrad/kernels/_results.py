@@ -115,7 +115,8 @@ def empty(shape, dtype) -> np.ndarray:
         # viewed and reshaped: after a pause of the process every NumPy call and
         # object a call touches costs 20-30x its hot time (docs/kernels.md, "Where a
         # call's time goes after the pause"); ResNet-50 res2's 25.7 MB 1x1 data
-        # gradient's result after the 0.15 s pause: 67-76 -> 55-57 us
+        # gradient's result after the 0.15 s pause: 67-76 -> 55-57 us in two runs
+        # (figures that move by 10 us from run to run)
         return np.asarray(Lease(raw, tuple(map(int, shape)), dtype.str, recycled))
     # (bytes viewed as the dtype: an array interface cannot name a dtype such as
     # ml_dtypes' bfloat16, whose typestr is a void '<V2')
