@@ -22,6 +22,10 @@ def assert_close(got, want, dtype=None, *, tol=None):
     assert err <= (tol if tol is not None else TOL[dtype]) * scale, (err, scale)
 
 
+# `make conformance-long` (CONVGRAD_CONFORMANCE_SCALE=k): the PyTorch, TensorFlow and
+# OpenVINO conformance modules draw k times as many random cases (at least 1).
+CONFORMANCE_SCALE = max(1, int(os.environ.get("CONVGRAD_CONFORMANCE_SCALE", "1")))
+
 
 @contextlib.contextmanager
 def engine_dbg(bits: int, lib=None):
@@ -37,6 +41,7 @@ def engine_dbg(bits: int, lib=None):
         yield
     finally:
         lib.cg_engine_set_dbg(0)
+
 
 @pytest.fixture(autouse=True)
 def _fresh_choices():

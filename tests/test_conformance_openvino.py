@@ -38,7 +38,6 @@ result, saturated to int8 as the runtime's integer rule says, and marked xfail.
 
 import copy
 import itertools
-import os
 import zlib
 
 import numpy as np
@@ -46,7 +45,7 @@ import pytest
 
 import convgrad
 from convgrad import openvino as cg_ov
-from conftest import TOL, assert_close, import_peer
+from conftest import CONFORMANCE_SCALE, TOL, assert_close, import_peer
 
 pytestmark = pytest.mark.peers
 
@@ -406,7 +405,7 @@ def _more(count):
     return cases
 
 
-MORE = _more(max(0, int(os.environ.get("CONVGRAD_CONFORMANCE_SCALE", "1")) - 1))
+MORE = _more(CONFORMANCE_SCALE - 1)
 
 
 # ----------------------------------------------------------------------------

@@ -53,7 +53,7 @@ import pytest
 from convgrad import ConvGradError
 from convgrad import tf as cg_tf
 from convgrad.dtypes import bfloat16
-from conftest import assert_close, import_peer
+from conftest import CONFORMANCE_SCALE, assert_close, import_peer
 
 pytestmark = pytest.mark.peers
 
@@ -531,7 +531,7 @@ COUNTS = {"conv2d_backprop_filter": 28, "conv2d_backprop_input": 28,
           "depthwise_conv2d_native_backprop_input": 18,
           "conv1d_transpose": 10, "conv2d_transpose": 16}
 # CONVGRAD_CONFORMANCE_SCALE=k (`make conformance-long`): k times as many cases per op.
-SCALE = max(1, int(os.environ.get("CONVGRAD_CONFORMANCE_SCALE", "1")))
+SCALE = CONFORMANCE_SCALE
 SWEEP = {op: [gen(op, i) for i in range(k * SCALE)] for op, k in COUNTS.items()}
 # float16 / bfloat16: two of each op.
 LOWP = [gen(op, 100 + j, dtype=dt)

@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 
 import convgrad
+from conftest import CONFORMANCE_SCALE
 from convgrad import onednn
 
 pytestmark = pytest.mark.peers
@@ -449,7 +450,7 @@ def _ids(cases):
 # ----------------------------------------------------------------------------
 
 # CONVGRAD_CONFORMANCE_SCALE=k (`make conformance-long`): k times as many cases per op.
-SCALE = max(1, int(os.environ.get("CONVGRAD_CONFORMANCE_SCALE", "1")))
+SCALE = CONFORMANCE_SCALE
 CBW = [gen_conv("cbw", i) for i in range(12 * SCALE)]
 CBPF = [gen_conv("cbpf", i) for i in range(6 * SCALE)]
 CTBW = [gen_convt("ctbw", i) for i in range(12 * SCALE)]
