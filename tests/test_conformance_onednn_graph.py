@@ -37,6 +37,7 @@ PyTorch's autograd is asked too, and must side with convgrad.  An outcome other
 than the expected one fails.
 """
 
+import functools
 import os
 import pathlib
 import re
@@ -138,10 +139,17 @@ def conv_same_total(L, ke, s):
     return max(0, (-(-L // s) - 1) * s + ke - L)
 
 
-def quarters(rng, shape):
+def quarters(rng, shape, distinct=False):
     """Non-zero quarter-integers in [-2, 2]: float32 sums of their products are
     exact, and no tensor is all zeros (a one-element src of 0 once made the
-    library's wrong gradient equal the right one)."""
+    library's wrong gradient equal the right one).  ``distinct`` (the cases of a
+    known fault): a tensor of at most 16 elements takes each value once, so that
+    a fault reading another element of it cannot give the right sum by chance
+    (a diff_dst of (0.5, 1.5, 1.5) once made a shifted read agree)."""
+    size = int(np.prod(shape))
+    if distinct and size <= 16:
+        values = np.concatenate([np.arange(1, 9), -np.arange(1, 9)]) / 4
+        return rng.permutation(values)[:size].reshape(shape).astype(np.float32)
     magnitude = rng.integers(1, 9, shape) / 4
     return (magnitude * rng.choice([-1.0, 1.0], shape)).astype(np.float32)
 
@@ -374,15 +382,16 @@ def tensors(c):
     """The canonical (NCX, OIX / IOX) arrays of a case and its shape inputs."""
     rng = _rng(c.tag, c.i, "data")
     t = SimpleNamespace()
+    q = functools.partial(quarters, rng, distinct=c.expect[0] == "fault")
     if c.fam == "conv":
-        t.x = quarters(rng, (c.n, c.C, *c.L))
-        t.w = quarters(rng, (c.O, c.C // c.G, *c.K))
-        t.dy = quarters(rng, (c.n, c.O, *c.M))
+        t.x = q((c.n, c.C, *c.L))
+        t.w = q((c.O, c.C // c.G, *c.K))
+        t.dy = q((c.n, c.O, *c.M))
     else:
-        t.src = quarters(rng, (c.n, c.I, *c.L))
-        t.w = quarters(rng, (c.I, c.O // c.G, *c.K))
-        t.dd = quarters(rng, (c.n, c.O, *c.B))
-    t.bias = quarters(rng, (c.O,)) if c.bias else None
+        t.src = q((c.n, c.I, *c.L))
+        t.w = q((c.I, c.O // c.G, *c.K))
+        t.dd = q((c.n, c.O, *c.B))
+    t.bias = q((c.O,)) if c.bias else None
     return t
 
 
