@@ -11,7 +11,6 @@ package is declared in pyproject.toml.
 """
 
 import glob
-import os
 import platform
 
 from setuptools import Extension, setup
@@ -36,14 +35,8 @@ if X86:
 
 DEFINES = {"generic": [], "avx2": [("CG_ISA_AVX2", "1")], "avx512": [("CG_ISA_AVX512", "1")]}
 
-# The builds compile at once, one a core (setuptools' build_ext --parallel; pip's editable
-# and regular installs honour it): on 2 cores the three took 342 s one after another,
-# 209-219 s this way.
-JOBS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
 setup(ext_modules=[
     Extension(f"convgrad.kernels._engine_{isa}", SOURCES, depends=DEPENDS,
               define_macros=DEFINES[isa], extra_compile_args=COMMON + flags,
               extra_link_args=["-pthread"], language="c++", optional=True)
-    for isa, flags in ISA_FLAGS.items()],
-    options={"build_ext": {"parallel": JOBS or 1}})
+    for isa, flags in ISA_FLAGS.items()])
