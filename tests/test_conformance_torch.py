@@ -249,7 +249,8 @@ def _common(tag, i, rng, wfs, modes, dtype, over):
     if kind == "dw":
         c.G, c.in_g, c.out_g = int(rng.integers(2, 5)), 1, int(rng.integers(1, 3))
     else:
-        c.G, c.in_g, c.out_g = int(kind), int(rng.integers(1, 3)), int(rng.integers(1, 3))
+        lo, hi = over.get("ch", (1, 3))           # channels a group: [lo, hi)
+        c.G, c.in_g, c.out_g = int(kind), int(rng.integers(lo, hi)), int(rng.integers(lo, hi))
     return c
 
 
@@ -507,6 +508,49 @@ def test_convolution(c):
                                           for c, i in zip(CONVT, _ids(CONVT))])
 def test_conv_transpose(c):
     check(c, *run_convt_fwd(c))
+
+
+# ----------------------------------------------------------------------------
+# Engine-sized channels: the same ops where the native engine's register tiles run
+# ----------------------------------------------------------------------------
+
+# The random cases above have 1-2 channels a group, which the grouped kernel takes;
+# these have 16-71 (channel tails of every size against the tiles' 16-lane blocks), 1 or
+# 2 groups, float32 / float16 / bfloat16 / float64 in turn, with the default chooser
+# (D21): the native engine, Winograd where it takes the problem, and for float64 the
+# fallback kernels at the same sizes.
+ENG_DT = (F32, F16, BF16, F32, F64)
+
+
+def _eng(gen, tag, i, **over):
+    return gen(tag, i, ch=(16, 72), groups=str(1 + i % 2), dtype=ENG_DT[i % len(ENG_DT)],
+               **over)
+
+
+ENG_CBW = [_eng(gen_conv, "eng-cbw", i) for i in range(5 * SCALE)]
+ENG_CBD = [_eng(gen_conv, "eng-cbd", i) for i in range(5 * SCALE)]
+ENG_CTBW = [_eng(gen_convt, "eng-ctbw", i) for i in range(5 * SCALE)]
+ENG_CTBD = [_eng(gen_convt, "eng-ctbd", i) for i in range(5 * SCALE)]
+
+
+@pytest.mark.parametrize("c", ENG_CBW, ids=_ids(ENG_CBW))
+def test_engine_sized_convolution_backward_weights(c):
+    check(c, *run_conv_wgrad(c, "convolution_backward_weights"))
+
+
+@pytest.mark.parametrize("c", ENG_CBD, ids=_ids(ENG_CBD))
+def test_engine_sized_convolution_backward_data(c):
+    check(c, *run_conv_dgrad(c))
+
+
+@pytest.mark.parametrize("c", ENG_CTBW, ids=_ids(ENG_CTBW))
+def test_engine_sized_conv_transpose_backward_weights(c):
+    check(c, *run_convt_wgrad(c, "conv_transpose_backward_weights"))
+
+
+@pytest.mark.parametrize("c", ENG_CTBD, ids=_ids(ENG_CTBD))
+def test_engine_sized_conv_transpose_backward_data(c):
+    check(c, *run_convt_dgrad(c))
 
 
 # ----------------------------------------------------------------------------
