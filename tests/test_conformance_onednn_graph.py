@@ -144,8 +144,8 @@ def quarters(rng, shape, distinct=False):
     exact, and no tensor is all zeros (a one-element src of 0 once made the
     library's wrong gradient equal the right one).  ``distinct`` (the cases of a
     known fault): a tensor of at most 16 elements takes each value once, so that
-    a fault reading another element of it cannot give the right sum by chance
-    (a diff_dst of (0.5, 1.5, 1.5) once made a shifted read agree)."""
+    a fault reading another element of it reads another value (a diff_dst of
+    (0.5, 1.5, 1.5) once made a shifted read agree)."""
     size = int(np.prod(shape))
     if distinct and size <= 16:
         values = np.concatenate([np.arange(1, 9), -np.arange(1, 9)]) / 4
