@@ -511,49 +511,6 @@ def test_conv_transpose(c):
 
 
 # ----------------------------------------------------------------------------
-# Engine-sized channels: the same ops where the native engine's register tiles run
-# ----------------------------------------------------------------------------
-
-# The random cases above have 1-2 channels a group, which the grouped kernel takes;
-# these have 16-71 (channel tails of every size against the tiles' 16-lane blocks), 1 or
-# 2 groups, float32 / float16 / bfloat16 / float64 in turn, with the default chooser
-# (D21): the native engine, Winograd where it takes the problem, and for float64 the
-# fallback kernels at the same sizes.
-ENG_DT = (F32, F16, BF16, F32, F64)
-
-
-def _eng(gen, tag, i, **over):
-    return gen(tag, i, ch=(16, 72), groups=str(1 + i % 2), dtype=ENG_DT[i % len(ENG_DT)],
-               **over)
-
-
-ENG_CBW = [_eng(gen_conv, "eng-cbw", i) for i in range(5 * SCALE)]
-ENG_CBD = [_eng(gen_conv, "eng-cbd", i) for i in range(5 * SCALE)]
-ENG_CTBW = [_eng(gen_convt, "eng-ctbw", i) for i in range(5 * SCALE)]
-ENG_CTBD = [_eng(gen_convt, "eng-ctbd", i) for i in range(5 * SCALE)]
-
-
-@pytest.mark.parametrize("c", ENG_CBW, ids=_ids(ENG_CBW))
-def test_engine_sized_convolution_backward_weights(c):
-    check(c, *run_conv_wgrad(c, "convolution_backward_weights"))
-
-
-@pytest.mark.parametrize("c", ENG_CBD, ids=_ids(ENG_CBD))
-def test_engine_sized_convolution_backward_data(c):
-    check(c, *run_conv_dgrad(c))
-
-
-@pytest.mark.parametrize("c", ENG_CTBW, ids=_ids(ENG_CTBW))
-def test_engine_sized_conv_transpose_backward_weights(c):
-    check(c, *run_convt_wgrad(c, "conv_transpose_backward_weights"))
-
-
-@pytest.mark.parametrize("c", ENG_CTBD, ids=_ids(ENG_CTBD))
-def test_engine_sized_conv_transpose_backward_data(c):
-    check(c, *run_convt_dgrad(c))
-
-
-# ----------------------------------------------------------------------------
 # auto_pad with an odd total (where same_upper and same_lower differ)
 # ----------------------------------------------------------------------------
 
@@ -602,16 +559,17 @@ def test_auto_pad_odd_total(c, run):
 # float16 / bfloat16 (computed in float32, rounded once; vs PyTorch float64)
 # ----------------------------------------------------------------------------
 
-_LOWP_OPS = {
+# the four gradient ops: (case generator, run)
+GRAD_OPS = {
     "convolution_backward_weights":
         (gen_conv, lambda c: run_conv_wgrad(c, "convolution_backward_weights")),
     "conv_transpose_backward_weights":
         (gen_convt, lambda c: run_convt_wgrad(c, "conv_transpose_backward_weights")),
     "convolution_backward_data": (gen_conv, run_conv_dgrad),
     "conv_transpose_backward_data": (gen_convt, run_convt_dgrad),
-    "convolution": (gen_conv, run_conv_fwd),
-    "conv_transpose": (gen_convt, run_convt_fwd),
 }
+_LOWP_OPS = {**GRAD_OPS, "convolution": (gen_conv, run_conv_fwd),
+             "conv_transpose": (gen_convt, run_convt_fwd)}
 LOWP = []
 for _j, (_name, (_gen, _run)) in enumerate(_LOWP_OPS.items()):
     for _dt in (F16, BF16):
@@ -621,6 +579,29 @@ for _j, (_name, (_gen, _run)) in enumerate(_LOWP_OPS.items()):
 
 @pytest.mark.parametrize("c, run", LOWP)
 def test_low_precision(c, run):
+    check(c, *run(c))
+
+
+# ----------------------------------------------------------------------------
+# Engine-sized channels: the same ops where the native engine's register tiles run
+# ----------------------------------------------------------------------------
+
+# The random cases above have 1-2 channels a group, which the grouped kernel takes;
+# these have 16-71 (channel tails of every size against the tiles' 16-lane blocks), 1 or
+# 2 groups, float32 / float16 / bfloat16 / float64 in turn, with the default chooser
+# (D21): the native engine, Winograd where it takes the problem, and for float64 the
+# fallback kernels at the same sizes.
+ENG_DT = (F32, F16, BF16, F32, F64)
+ENGINE = []
+for _name, (_gen, _run) in GRAD_OPS.items():
+    for _i in range(5 * SCALE):
+        _c = _gen(f"eng-{_name}", _i, ch=(16, 72), groups=str(1 + _i % 2),
+                  dtype=ENG_DT[_i % len(ENG_DT)])
+        ENGINE.append(pytest.param(_c, _run, id=f"{_name}-{_c.id}"))
+
+
+@pytest.mark.parametrize("c, run", ENGINE)
+def test_engine_sized(c, run):
     check(c, *run(c))
 
 
