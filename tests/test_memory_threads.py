@@ -17,7 +17,9 @@
 
 from __future__ import annotations
 
+import gc
 import tracemalloc
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -391,6 +393,35 @@ def test_threads_setting_limits_blas_and_is_restored():
             with convgrad.config(threads=bad, algo="reference"):
                 pass
         assert settings.threads() is None and settings.algo() == "auto"
+
+
+def test_config_applies_only_when_entered_and_warns_when_never_entered():
+    """A bare ``convgrad.config(...)`` statement sets nothing and says so; its arguments
+    are checked at the call; a config object may be entered again, nested too, each
+    exit restoring what its entry found."""
+    with pytest.warns(RuntimeWarning, match=r"config\(algo='reference', threads=1\) was "
+                                            r"never entered"):
+        convgrad.config(algo="reference", threads=1)
+        gc.collect()
+    assert settings.algo() == "auto" and settings.threads() is None
+    with pytest.raises(ValueError, match="threads must be positive"):
+        convgrad.config(threads=0)                 # (checked before anything is entered)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")             # entered: no warning when discarded
+        cfg = convgrad.config(algo="reference", workspace_bytes=4096)
+        with cfg:
+            assert (settings.algo(), settings.workspace_bytes()) == ("reference", 4096)
+            with convgrad.config(algo="im2col"):
+                with cfg:
+                    assert settings.algo() == "reference"
+                assert settings.algo() == "im2col"
+            assert settings.algo() == "reference"
+        assert settings.algo() == "auto"
+        with cfg:
+            assert settings.algo() == "reference"
+        assert settings.algo() == "auto"
+        del cfg
+        gc.collect()
 
 
 def test_one_thread_is_deterministic_and_agrees_with_two():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import numbers
+import warnings
 
 # (at module level: a relative import inside a function runs importlib's Python on
 # every call, which after a pause of the process costs a call microseconds)
@@ -105,10 +106,14 @@ def _positive_int(name: str, value) -> int:
     return int(value)
 
 
-@contextlib.contextmanager
 def config(*, algo: str | None = None, workspace_bytes: int | None = None,
-           threads: int | None = None, isa: str | None = None, precision: str | None = None):
+           threads: int | None = None, isa: str | None = None,
+           precision: str | None = None):
     """Settings for the calls made inside the block (a context manager).
+
+    The settings apply only inside ``with convgrad.config(...):``; a call whose
+    result is never entered changes nothing and warns (``RuntimeWarning``) when
+    the result is discarded.  The arguments are checked at once.
 
     Parameters
     ----------
@@ -137,6 +142,11 @@ def config(*, algo: str | None = None, workspace_bytes: int | None = None,
         that of direct convolution); ``"highest"``: ``algo="auto"`` keeps the direct
         kernels, for the smallest error.  A kernel forced with ``algo`` runs
         either way.
+
+    Returns
+    -------
+    convgrad.settings.Config
+        The context manager (enter it with ``with``).
 
     Raises
     ------
@@ -168,18 +178,51 @@ def config(*, algo: str | None = None, workspace_bytes: int | None = None,
     if precision is not None and precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, "
                          f"got {precision!r}")
-    with contextlib.ExitStack() as stack:
-        if threads is not None:
-            stack.enter_context(_blas_controller().limit(limits=threads, user_api="blas"))
-        tokens = [(var, var.set(value)) for var, value in
-                  ((_algo, algo), (_workspace, workspace_bytes), (_threads, threads),
-                   (_isa, isa), (_precision, precision))
-                  if value is not None]
+    return Config({"algo": algo, "workspace_bytes": workspace_bytes, "threads": threads,
+                   "isa": isa, "precision": precision})
+
+
+_VARS = {"algo": _algo, "workspace_bytes": _workspace, "threads": _threads, "isa": _isa,
+         "precision": _precision}
+
+
+class Config:
+    """What :func:`convgrad.config` returns: a context manager that sets its (checked) values on
+    entry and restores the previous ones on exit; it may be entered again, also while
+    entered (nested).  Discarded without ever being entered, it warns: a bare
+    ``convgrad.config(threads=1)`` statement looks like a global setting and is none."""
+
+    __slots__ = ("_values", "_active", "_entered")
+
+    def __init__(self, values: dict):
+        self._values = {k: v for k, v in values.items() if v is not None}
+        self._active = []
+        self._entered = False
+
+    def __enter__(self) -> "Config":
+        self._entered = True
+        stack = contextlib.ExitStack()
+        if "threads" in self._values:
+            stack.enter_context(_blas_controller().limit(limits=self._values["threads"],
+                                                         user_api="blas"))
+        self._active.append((stack, [(_VARS[k], _VARS[k].set(v))
+                                     for k, v in self._values.items()]))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        stack, tokens = self._active.pop()
         try:
-            yield
-        finally:
             for var, token in reversed(tokens):
                 var.reset(token)
+        finally:
+            stack.close()
+
+    def __del__(self):
+        if not self._entered:
+            args = ", ".join(f"{k}={v!r}" for k, v in self._values.items())
+            warnings.warn(f"convgrad.config({args}) was never entered: its settings apply "
+                          f"only inside 'with convgrad.config(...):'", RuntimeWarning,
+                          stacklevel=2)
 
 
 _CONTROLLER: list = [None, -1]
