@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 import tracemalloc
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -419,6 +420,18 @@ def test_config_applies_only_when_entered_and_warns_when_never_entered():
         assert settings.algo() == "auto"
         with cfg:
             assert settings.algo() == "reference"
+        assert settings.algo() == "auto"
+        inside = threading.Barrier(4)
+
+        def enter(c, k):
+            with c:
+                with convgrad.config(workspace_bytes=k + 1):
+                    inside.wait(timeout=60)             # all four inside, then out in any order
+                    return settings.algo(), settings.workspace_bytes()
+
+        with ThreadPoolExecutor(4) as pool:             # one object, entered in 4 threads
+            got = list(pool.map(enter, [cfg] * 4, range(4)))
+        assert got == [("reference", k + 1) for k in range(4)]
         assert settings.algo() == "auto"
         del cfg
         gc.collect()

@@ -182,21 +182,23 @@ def config(*, algo: str | None = None, workspace_bytes: int | None = None,
                    "isa": isa, "precision": precision})
 
 
+# the entries of Config blocks open in this context, innermost last
+_ENTRIES = contextvars.ContextVar("convgrad_config_entries", default=())
 _VARS = {"algo": _algo, "workspace_bytes": _workspace, "threads": _threads, "isa": _isa,
          "precision": _precision}
 
 
 class Config:
-    """What :func:`convgrad.config` returns: a context manager that sets its (checked) values on
-    entry and restores the previous ones on exit; it may be entered again, also while
-    entered (nested).  Discarded without ever being entered, it warns: a bare
+    """What :func:`convgrad.config` returns: a context manager that sets its (checked)
+    values on entry and restores the previous ones on exit.  It may be entered again,
+    nested, and from several threads or asyncio tasks at once (each entry belongs to the
+    context that made it).  Discarded without ever being entered, it warns: a bare
     ``convgrad.config(threads=1)`` statement looks like a global setting and is none."""
 
-    __slots__ = ("_values", "_active", "_entered")
+    __slots__ = ("_values", "_entered")
 
     def __init__(self, values: dict):
         self._values = {k: v for k, v in values.items() if v is not None}
-        self._active = []
         self._entered = False
 
     def __enter__(self) -> "Config":
@@ -205,12 +207,14 @@ class Config:
         if "threads" in self._values:
             stack.enter_context(_blas_controller().limit(limits=self._values["threads"],
                                                          user_api="blas"))
-        self._active.append((stack, [(_VARS[k], _VARS[k].set(v))
-                                     for k, v in self._values.items()]))
+        tokens = [(_VARS[k], _VARS[k].set(v)) for k, v in self._values.items()]
+        _ENTRIES.set(_ENTRIES.get() + ((stack, tokens),))
         return self
 
     def __exit__(self, *exc) -> None:
-        stack, tokens = self._active.pop()
+        entries = _ENTRIES.get()               # (with blocks nest: ours is the last)
+        _ENTRIES.set(entries[:-1])
+        stack, tokens = entries[-1]
         try:
             for var, token in reversed(tokens):
                 var.reset(token)
