@@ -248,8 +248,7 @@ def _blas_controller():
 def snapshot() -> dict:
     """The settings of the current context, to re-apply elsewhere with
     :func:`applied` (e.g. in the tasks of a Dask graph built here)."""
-    return {"algo": _algo.get(), "workspace_bytes": _workspace.get(), "threads": _threads.get(),
-            "isa": _isa.get(), "precision": _precision.get()}
+    return {name: var.get() for name, var in _VARS.items()}
 
 
 @contextlib.contextmanager
@@ -257,10 +256,8 @@ def applied(settings: dict):
     """Re-apply a :func:`snapshot` in this context: the context variables
     only, not :func:`config`'s process-wide BLAS limit, so tasks running
     concurrently in one process may each enter it."""
-    pairs = ((_algo, settings.get("algo")), (_workspace, settings.get("workspace_bytes")),
-             (_threads, settings.get("threads")), (_isa, settings.get("isa")),
-             (_precision, settings.get("precision")))
-    tokens = [(var, var.set(value)) for var, value in pairs if value is not None]
+    tokens = [(var, var.set(settings[name])) for name, var in _VARS.items()
+              if settings.get(name) is not None]
     try:
         yield
     finally:
