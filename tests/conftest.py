@@ -144,9 +144,9 @@ def vl16_engine(tmp_path_factory):
             work = tmp_path_factory.mktemp("vl16-objects")
             objects = [work / (os.path.basename(src) + ".o") for src in sources]
             with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-                list(pool.map(lambda so: subprocess.run(
-                    [gxx, *cflags, "-c", "-o", str(so[1]), so[0]], check=True, timeout=900),
-                    zip(sources, objects)))
+                list(pool.map(lambda src, obj: subprocess.run(
+                    [gxx, *cflags, "-c", "-o", str(obj), src], check=True, timeout=900),
+                    sources, objects))
             part = work / out.name
             subprocess.run([gxx, "-shared", "-pthread", "-o", str(part),
                             *map(str, objects)], check=True, timeout=300)
